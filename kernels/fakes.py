@@ -1,0 +1,81 @@
+"""Deliberately broken backends for testing the runner: each fails the way real kernels do.
+
+They run on the CPU and take the same `Problem` as real backends, so every path of the runner
+(crash, hang, NaN, wrong values, refusal, out-of-memory) is exercised end to end.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import resource
+import time
+from collections.abc import Callable
+
+import torch
+
+from .base import Backend
+from .problem import Problem
+from .reference import reference_attention
+
+
+def _segfault(p: Problem) -> Callable[[], torch.Tensor]:
+    return lambda: ctypes.string_at(0)  # reads address 0: SIGSEGV, as a bad kernel launch would
+
+
+def _hang(p: Problem) -> Callable[[], torch.Tensor]:
+    def call() -> torch.Tensor:
+        while True:
+            time.sleep(3600)
+
+    return call
+
+
+def _nan(p: Problem) -> Callable[[], torch.Tensor]:
+    return lambda: torch.full(p.q.shape[:3] + (p.v.shape[-1],), float("nan"), dtype=p.out_dtype)
+
+
+def _wrong(p: Problem) -> Callable[[], torch.Tensor]:
+    # Plausible but wrong: the right answer for a doubled softmax scale.
+    def call() -> torch.Tensor:
+        p2 = Problem(**{**p.__dict__, "scale": p.scale * 2})
+        return reference_attention(p2).to(p.out_dtype)
+
+    return call
+
+
+# A refusal raised from code that is not attnmatrix's, as a library's argument check would be.
+_LIBRARY_CHECK = compile("raise ValueError('fake kernel: head_dim must be a multiple of 7')", "<fake-library>", "exec")
+
+
+def _raise(p: Problem) -> Callable[[], torch.Tensor]:
+    def call() -> torch.Tensor:
+        exec(_LIBRARY_CHECK)  # noqa: S102
+        raise AssertionError("unreachable")
+
+    return call
+
+
+def _oom(p: Problem) -> Callable[[], torch.Tensor]:
+    def call() -> torch.Tensor:
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        # Without the runner's address-space limit, stop at 2 GiB instead of eating the machine.
+        cap = 2 * 2**30 if soft == resource.RLIM_INFINITY else 1 << 62
+        hoard, total = [], 0
+        while total < cap:
+            hoard.append(torch.ones(64 * 2**20, dtype=torch.uint8))  # touched, so really resident
+            total += 64 * 2**20
+        raise MemoryError(f"fake kernel exhausted {total >> 20} MiB")
+
+    return call
+
+
+def _entry(case) -> str:
+    return "fake"
+
+
+SEGFAULT = Backend("fake_segfault", "torch", "cpu", ("torch",), _segfault, _entry)
+HANG = Backend("fake_hang", "torch", "cpu", ("torch",), _hang, _entry)
+NAN = Backend("fake_nan", "torch", "cpu", ("torch",), _nan, _entry)
+WRONG = Backend("fake_wrong", "torch", "cpu", ("torch",), _wrong, _entry)
+RAISE = Backend("fake_raise", "torch", "cpu", ("torch",), _raise, _entry)
+OOM = Backend("fake_oom", "torch", "cpu", ("torch",), _oom, _entry)

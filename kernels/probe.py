@@ -1,0 +1,138 @@
+"""Probe one case in this process: build inputs, call the kernel, check it, time it, make a record.
+
+`probe_case` is what a worker subprocess runs for each case (see `worker.py`); it is also callable
+in-process, which the runner benchmark uses to measure the isolation overhead.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass
+
+import torch
+from attnmatrix.matrix.cases import Case
+from attnmatrix.matrix.records import Record, Timing
+
+from .base import Backend, load_backend
+from .env import device_provenance, package_version
+from .flops import problem_flops
+from .problem import CPU_TIMING_SHAPES, TIMING_SHAPES, VALIDATION_SHAPES, Problem, Unsupported, make_problem
+from .reference import compare, reference_attention
+from .timing import time_ms
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    timing: bool = True
+    seed: int = 0
+    budget_ms: float = 150.0  # per timed shape
+    run_id: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"timing": self.timing, "seed": self.seed, "budget_ms": self.budget_ms, "run_id": self.run_id}
+
+
+def _raised_by_library(exc: BaseException) -> bool:
+    """True if the innermost frame is outside attnmatrix: then it is the library refusing the case.
+
+    An exception raised by our own adapter code is our bug, not the kernel's refusal, and must not
+    be recorded as the kernel's word.
+    """
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return False
+    fname = os.path.abspath(last.tb_frame.f_code.co_filename)
+    return not fname.startswith(_PKG_DIR)
+
+
+def _message(exc: BaseException) -> str:
+    msg = str(exc).strip() or repr(exc)
+    return f"{type(exc).__name__}: {msg}"[:2000]
+
+
+def _poison_allocator(device: str) -> None:
+    """Fill freed device memory with NaN so an output the kernel never writes shows up as NaN."""
+    if device != "cuda":
+        return
+    blk = torch.empty(256 * 2**20 // 2, dtype=torch.bfloat16, device="cuda")
+    blk.fill_(float("nan"))
+    del blk
+
+
+def kernel_provenance(backend: Backend, base: dict) -> dict:
+    prov = dict(base)
+    prov["library"] = backend.library
+    prov["kernel_version"] = package_version(backend.library) or "unknown"
+    return prov
+
+
+def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = None,
+               backend: Backend | None = None) -> Record:
+    backend = backend or load_backend(case.backend)
+    base = base_provenance or device_provenance(backend.device)
+    prov = kernel_provenance(backend, base)
+
+    def rec(outcome: str, **kw) -> Record:
+        return Record(case=case, outcome=outcome, tier="validated", provenance=prov,
+                      entry=kw.pop("entry", None), run_id=config.run_id, **kw)
+
+    why = backend.availability()
+    if why:
+        return rec("unavailable", reason=why)
+    entry = backend.entry(case)
+    device = backend.device
+    problem: Problem = make_problem(case, VALIDATION_SHAPES[case.op], device=device, seed=config.seed)
+    try:
+        fn = backend.prepare(problem)
+        _poison_allocator(device)
+        out = fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except Unsupported as e:
+        return rec("rejected", reason=f"attnmatrix: the API cannot express this case: {e}", entry=entry)
+    except (MemoryError, torch.OutOfMemoryError) as e:
+        return rec("crash", reason="out of memory: " + _message(e), entry=entry)
+    except Exception as e:  # noqa: BLE001 - every failure is an outcome
+        if _raised_by_library(e):
+            return rec("rejected", reason=_message(e), entry=entry)
+        return rec("crash", reason="attnmatrix adapter error: " + _message(e),
+                   extra={"traceback": traceback.format_exc()[-4000:]}, entry=entry)
+    ref = reference_attention(problem)
+    if tuple(out.shape) != tuple(ref.shape):
+        return rec("wrong", reason=f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}",
+                   entry=entry)
+    err = compare(problem, out, ref)
+    ok = err.pop("ok")
+    if not ok:
+        what = "NaN in output" if err["nan"] else f"max abs error {err['max_abs_err']:.4g} over tolerance"
+        return rec("wrong", reason=f"{what} ({err['mismatched']} of {err['elements']} elements off)",
+                   error=err, entry=entry)
+    timings: list[Timing] = []
+    untimed: dict[str, str] = {}
+    if config.timing:
+        shapes = TIMING_SHAPES if device == "cuda" else CPU_TIMING_SHAPES
+        for shape in shapes[case.op]:
+            tp = make_problem(case, shape, device=device, seed=config.seed + 1)
+            flops = problem_flops(tp)
+            try:
+                tfn = backend.prepare(tp)
+                ms = time_ms(tfn, device=device, budget_ms=config.budget_ms)
+            except Exception as e:  # noqa: BLE001 - a shape the kernel refuses is noted, not fatal
+                untimed[shape.name] = _message(e)[:300]
+                continue
+            finally:
+                del tp
+            tflops = flops / (ms * 1e-3) / 1e12
+            timings.append(Timing(shape.name, round(ms, 5), round(tflops, 3)))
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return rec("pass", error=err, timings=tuple(timings), entry=entry,
+               extra={"untimed": untimed} if untimed else {})
+

@@ -1,0 +1,178 @@
+"""The concrete inputs of one case: tensors plus the attention semantics every backend must honour.
+
+One representation is shared by every backend and by the reference, so that "the kernel was given
+the same problem" holds by construction. Conventions follow flash-attention's, which the engines use:
+
+- layout (batch, seqlen, heads, head_dim);
+- causal and sliding-window masks are aligned to the bottom-right when seqlen_q != seqlen_k
+  (query i sees key j iff j <= i + seqlen_k - seqlen_q), so one decode token sees the whole cache;
+- window (left, right) keeps keys j with i' - left <= j <= i' + right, i' the aligned query index;
+- softcap: scores <- softcap * tanh(scores / softcap), after scaling, before masking;
+- ALiBi adds -slope * |i' - j|; sinks are one extra logit per head in the softmax denominator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch
+from attnmatrix.matrix.cases import Case
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+WINDOW = 256  # left window of sliding-window cases (right = 0, as in causal local attention)
+SOFTCAP = 30.0
+GQA_RATIO = 4
+
+
+class Unsupported(Exception):
+    """The library's API has no way to express this case (e.g. no softcap argument).
+
+    This is attnmatrix's statement about the API, not the kernel's; records say so.
+    """
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+
+
+@dataclass
+class Problem:
+    case: Case
+    shape: Shape
+    q: torch.Tensor  # (B, Sq, Hq, D)
+    k: torch.Tensor  # (B, Sk, Hkv, D)
+    v: torch.Tensor  # (B, Sk, Hkv, Dv)
+    scale: float
+    causal: bool
+    window: tuple[int, int] | None
+    softcap: float
+    alibi_slopes: torch.Tensor | None  # (Hq,) float32
+    sinks: torch.Tensor | None  # (Hq,) float32
+    seqlens_q: list[int] | None  # varlen: valid lengths per batch element (<= Sq)
+    seqlens_k: list[int] | None
+    page_size: int | None
+    fp8: bool
+    descale: tuple[float, float, float] | None  # fp8 q, k, v scales
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return DTYPES[self.case.dtype]
+
+    def valid_q(self, b: int) -> int:
+        return self.seqlens_q[b] if self.seqlens_q else self.shape.seqlen_q
+
+    def valid_k(self, b: int) -> int:
+        return self.seqlens_k[b] if self.seqlens_k else self.shape.seqlen_k
+
+    def packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Varlen layout: q, k, v packed over valid tokens, plus int32 cu_seqlens for q and k."""
+        b = self.shape.batch
+        qs = [self.q[i, : self.valid_q(i)] for i in range(b)]
+        ks = [self.k[i, : self.valid_k(i)] for i in range(b)]
+        vs = [self.v[i, : self.valid_k(i)] for i in range(b)]
+        cu_q = torch.tensor([0] + list(accumulate(len(x) for x in qs)), dtype=torch.int32)
+        cu_k = torch.tensor([0] + list(accumulate(len(x) for x in ks)), dtype=torch.int32)
+        dev = self.q.device
+        return torch.cat(qs), torch.cat(ks), torch.cat(vs), cu_q.to(dev), cu_k.to(dev)
+
+    def unpack(self, out_packed: torch.Tensor) -> torch.Tensor:
+        """Packed (total_q, H, Dv) output back to (B, Sq, H, Dv), rows past a sequence's end zero."""
+        out = torch.zeros(self.q.shape[:3] + (self.v.shape[-1],), dtype=out_packed.dtype, device=out_packed.device)
+        start = 0
+        for i in range(self.shape.batch):
+            n = self.valid_q(i)
+            out[i, :n] = out_packed[start: start + n]
+            start += n
+        return out
+
+    def paged_kv(self, generator: torch.Generator | None = None):
+        """(k_cache, v_cache, block_table) with blocks in a shuffled order, so a kernel that ignores
+        the table reads the wrong keys and fails validation."""
+        ps = self.page_size or 16
+        b, sk, hkv, d = self.k.shape
+        nblk = math.ceil(sk / ps)
+        total = b * nblk
+        perm = torch.randperm(total, generator=generator).to(self.k.device)
+        k_cache = torch.zeros((total, ps, hkv, d), dtype=self.k.dtype, device=self.k.device)
+        v_cache = torch.zeros((total, ps, hkv, self.v.shape[-1]), dtype=self.v.dtype, device=self.v.device)
+        table = perm.view(b, nblk).to(torch.int32)
+        for i in range(b):
+            for j in range(nblk):
+                lo, hi = j * ps, min((j + 1) * ps, sk)
+                k_cache[table[i, j], : hi - lo] = self.k[i, lo:hi]
+                v_cache[table[i, j], : hi - lo] = self.v[i, lo:hi]
+        return k_cache, v_cache, table
+
+
+def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu", seed: int = 0) -> Problem:
+    """Fresh random inputs for a case (never zeros: zeros hide wrong kernels and flatter timings)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dtype = DTYPES[case.dtype]
+    hq = shape.heads_q
+    hkv = max(1, hq // GQA_RATIO) if case.has("gqa") else shape.heads_kv
+
+    def rnd(*s: int) -> torch.Tensor:
+        return torch.randn(*s, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+
+    q = rnd(shape.batch, shape.seqlen_q, hq, case.head_dim)
+    k = rnd(shape.batch, shape.seqlen_k, hkv, case.head_dim)
+    v = rnd(shape.batch, shape.seqlen_k, hkv, case.head_dim_v)
+    seqlens_q = seqlens_k = None
+    if case.has("varlen") and shape.batch > 1:
+        # Ragged lengths between half and all of the padded length; the first is always full.
+        fr = torch.rand(shape.batch, generator=g)
+        seqlens_k = [shape.seqlen_k] + [max(1, int(shape.seqlen_k * (0.5 + 0.5 * float(x)))) for x in fr[1:]]
+        if shape.seqlen_q == shape.seqlen_k:
+            seqlens_q = list(seqlens_k)
+        else:
+            seqlens_q = [shape.seqlen_q] * shape.batch
+    alibi = None
+    if case.has("alibi"):
+        alibi = torch.tensor([2 ** (-8 * (h + 1) / hq) for h in range(hq)], dtype=torch.float32, device=device)
+    sinks = torch.randn(hq, generator=g).to(device) if case.has("sinks") else None
+    descale = None
+    if case.has("fp8"):
+        fp8 = torch.float8_e4m3fn
+        q, k, v = (t.to(fp8) for t in (q, k, v))
+        descale = (1.0, 1.0, 1.0)
+    causal = case.has("causal") or case.op == "mla_prefill"
+    window = (WINDOW, 0) if case.has("sliding_window") else None
+    return Problem(
+        case=case, shape=shape, q=q, k=k, v=v, scale=1.0 / math.sqrt(case.head_dim), causal=causal,
+        window=window, softcap=SOFTCAP if case.has("softcap") else 0.0, alibi_slopes=alibi, sinks=sinks,
+        seqlens_q=seqlens_q, seqlens_k=seqlens_k, page_size=case.page_size, fp8=case.has("fp8"),
+        descale=descale,
+    )
+
+
+# Shapes: a small one for validation against the reference, larger ones for timing.
+VALIDATION_SHAPES = {
+    "prefill": Shape("val", 2, 300, 300, 8, 8),
+    "mla_prefill": Shape("val", 2, 300, 300, 8, 8),
+    "decode": Shape("val", 4, 1, 700, 8, 8),
+}
+TIMING_SHAPES = {
+    "prefill": [Shape("b1_s8192", 1, 8192, 8192, 16, 16), Shape("b8_s2048", 8, 2048, 2048, 16, 16),
+                Shape("b32_s512", 32, 512, 512, 16, 16)],
+    "mla_prefill": [Shape("b1_s8192", 1, 8192, 8192, 16, 16), Shape("b8_s2048", 8, 2048, 2048, 16, 16),
+                    Shape("b32_s512", 32, 512, 512, 16, 16)],
+    "decode": [Shape("b64_kv4096", 64, 1, 4096, 32, 32), Shape("b16_kv16384", 16, 1, 16384, 32, 32),
+               Shape("b256_kv1024", 256, 1, 1024, 32, 32)],
+}
+# The CPU is a pipeline smoke target: small shapes keep a sweep to seconds.
+CPU_TIMING_SHAPES = {
+    "prefill": [Shape("b1_s512", 1, 512, 512, 4, 4), Shape("b2_s256", 2, 256, 256, 4, 4),
+                Shape("b4_s128", 4, 128, 128, 4, 4)],
+    "mla_prefill": [Shape("b1_s512", 1, 512, 512, 4, 4), Shape("b2_s256", 2, 256, 256, 4, 4),
+                    Shape("b4_s128", 4, 128, 128, 4, 4)],
+    "decode": [Shape("b8_kv1024", 8, 1, 1024, 4, 4), Shape("b4_kv2048", 4, 1, 2048, 4, 4),
+               Shape("b16_kv512", 16, 1, 512, 4, 4)],
+}

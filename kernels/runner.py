@@ -1,0 +1,239 @@
+"""The isolated runner: cases run in worker subprocesses; nothing a kernel does can stop the sweep.
+
+- A worker that dies (segfault, abort, OOM kill) is recorded as `crash` with its signal and the tail
+  of its stderr, and replaced; a case that runs past its timeout is recorded as `timeout`, its worker
+  killed (the whole process group) and replaced.
+- Every record is appended to the `ResultStore` (flushed and fsynced) the moment it arrives, so a
+  `kill -9` of the runner loses at most the cases in flight, and a re-run skips every recorded case.
+- Workers can be pinned one per GPU (CUDA_VISIBLE_DEVICES) and capped in address space.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from attnmatrix.matrix.cases import Case
+from attnmatrix.matrix.records import Record, parse_record
+from attnmatrix.matrix.storage import ResultStore
+
+from .probe import ProbeConfig
+
+
+@dataclass
+class RunnerConfig:
+    workers: int = 1
+    timeout_s: float = 120.0  # per case, from the moment the worker starts it
+    startup_timeout_s: float = 180.0  # for a fresh worker to import torch and say hello
+    memory_limit_mb: int | None = None  # RLIMIT_AS per worker; never on GPUs (CUDA maps huge ranges)
+    device: str = "cpu"
+    gpus: list[int] | None = None  # one worker per listed GPU when set
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RunSummary:
+    total: int = 0
+    skipped: int = 0  # already in the store (resumed)
+    outcomes: Counter = field(default_factory=Counter)
+    wall_s: float = 0.0
+    workers_replaced: int = 0
+
+    @property
+    def ran(self) -> int:
+        return sum(self.outcomes.values())
+
+
+class _Worker:
+    def __init__(self, slot: int, cfg: RunnerConfig):
+        self.slot = slot
+        env = dict(os.environ)
+        env.update(cfg.extra_env)
+        env["ATTNMATRIX_DEVICE"] = cfg.device
+        env["PYTHONUNBUFFERED"] = "1"
+        if cfg.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = str(cfg.gpus[slot % len(cfg.gpus)])
+        limit = cfg.memory_limit_mb
+
+        def preexec() -> None:
+            if limit:
+                b = limit * 2**20
+                resource.setrlimit(resource.RLIMIT_AS, (b, b))
+
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "attnmatrix.kernels.worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self.stderr, env=env, preexec_fn=preexec, start_new_session=True,
+        )
+        self.buf = b""
+        self.hello: dict | None = None
+        self.case: Case | None = None
+        self.case_prov: dict | None = None
+        self.deadline = time.monotonic() + cfg.startup_timeout_s
+
+    def send(self, case: Case, cfg: RunnerConfig) -> None:
+        self.case, self.case_prov = case, None
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps({"case": case.to_dict(), "config": cfg.probe.to_dict()}) + "\n").encode())
+        self.proc.stdin.flush()
+        if self.hello is not None:
+            self.deadline = time.monotonic() + cfg.startup_timeout_s
+
+    def read_events(self) -> tuple[list[dict], bool]:
+        """Drain what the worker has written. Returns (events, eof)."""
+        assert self.proc.stdout is not None
+        chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+        if not chunk:
+            return [], True
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        return [json.loads(x) for x in lines if x.strip()], False
+
+    def stderr_tail(self, n: int = 1500) -> str:
+        self.stderr.seek(0, os.SEEK_END)
+        size = self.stderr.tell()
+        self.stderr.seek(max(0, size - n))
+        return self.stderr.read().decode("utf-8", "replace").strip()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f:
+                    f.close()
+            except OSError:
+                pass
+        self.stderr.close()
+
+
+def _exit_description(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+def _fallback_provenance(w: _Worker) -> dict:
+    prov = dict(w.case_prov or w.hello or {})
+    from .env import today
+
+    prov.setdefault("date", today())
+    for k in ("device", "torch", "kernel_version"):
+        prov.setdefault(k, "unknown")
+    return prov
+
+
+def run_cases(
+    cases: Iterable[Case], store: ResultStore, cfg: RunnerConfig,
+    progress: Callable[[Record], None] | None = None,
+) -> RunSummary:
+    """Probe every case not already in `store`; each result is in the store when `progress` sees it."""
+    t0 = time.monotonic()
+    summary = RunSummary()
+    todo: deque[Case] = deque()
+    seen: set[str] = set()
+    for c in cases:
+        if c.key in seen:
+            continue
+        seen.add(c.key)
+        summary.total += 1
+        if c.key in store:
+            summary.skipped += 1
+        else:
+            todo.append(c)
+    nslots = max(1, len(cfg.gpus) if cfg.gpus else cfg.workers)
+    slots: list[_Worker | None] = [None] * nslots
+    sel = selectors.DefaultSelector()
+
+    def finish(w: _Worker, rec: Record) -> None:
+        store.append(rec)
+        summary.outcomes[rec.outcome] += 1
+        w.case = None
+        if progress:
+            progress(rec)
+
+    def retire(w: _Worker, outcome: str, reason: str) -> None:
+        assert w.case is not None
+        rec = Record(case=w.case, outcome=outcome, tier="validated", provenance=_fallback_provenance(w),
+                     reason=reason, run_id=cfg.probe.run_id)
+        sel.unregister(w.proc.stdout)
+        w.kill()
+        slots[w.slot] = None
+        summary.workers_replaced += 1
+        finish(w, rec)
+
+    try:
+        while todo or any(w and w.case for w in slots):
+            for i in range(nslots):
+                if todo and (slots[i] is None or slots[i].case is None):
+                    if slots[i] is None:
+                        slots[i] = _Worker(i, cfg)
+                        sel.register(slots[i].proc.stdout, selectors.EVENT_READ, slots[i])
+                    try:
+                        slots[i].send(todo.popleft(), cfg)
+                    except BrokenPipeError:
+                        w = slots[i]
+                        w.proc.wait()
+                        retire(w, "crash", f"worker {_exit_description(w.proc.returncode)} before taking the "
+                               f"case; stderr tail: {w.stderr_tail()}")
+            busy = [w for w in slots if w and w.case]
+            if not busy:
+                continue
+            wait = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+            for key, _ in sel.select(timeout=min(wait, 1.0)):
+                w: _Worker = key.data
+                events, eof = w.read_events()
+                for ev in events:
+                    if ev["event"] == "hello":
+                        w.hello = ev["provenance"]
+                    elif ev["event"] == "start":
+                        w.case_prov = ev["provenance"]
+                        w.deadline = time.monotonic() + cfg.timeout_s
+                    elif ev["event"] == "result" and w.case is not None:
+                        finish(w, parse_record(ev["record"]))
+                if eof and slots[w.slot] is w:
+                    w.proc.wait()
+                    if w.case is not None:
+                        tail = w.stderr_tail()
+                        retire(w, "crash", f"worker {_exit_description(w.proc.returncode)} while running "
+                               f"the case" + (f"; stderr tail: {tail}" if tail else ""))
+                    else:
+                        sel.unregister(w.proc.stdout)
+                        w.kill()
+                        slots[w.slot] = None
+            now = time.monotonic()
+            for w in list(slots):
+                if w and w.case is not None and now > w.deadline:
+                    phase = "case" if w.case_prov is not None else "worker start-up"
+                    limit = cfg.timeout_s if w.case_prov is not None else cfg.startup_timeout_s
+                    retire(w, "timeout", f"no result within {limit:g} s ({phase}); worker killed")
+    finally:
+        for w in slots:
+            if w is not None:
+                try:
+                    sel.unregister(w.proc.stdout)
+                except (KeyError, ValueError):
+                    pass
+                w.kill()
+        sel.close()
+    summary.wall_s = time.monotonic() - t0
+    return summary

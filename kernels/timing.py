@@ -1,0 +1,49 @@
+"""Timing: warm up, then the median of many runs, with CUDA events on a GPU."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def time_ms(fn: Callable[[], object], *, device: str, budget_ms: float = 150.0, min_reps: int = 5,
+            max_reps: int = 100, warmup: int = 2) -> float:
+    """Median milliseconds per call of `fn`, run at least `min_reps` times within ~`budget_ms`."""
+    for _ in range(warmup):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        times: list[float] = []
+        spent = 0.0
+        while len(times) < max_reps and (len(times) < min_reps or spent < budget_ms):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            t = start.elapsed_time(end)
+            times.append(t)
+            spent += t
+        return statistics.median(times)
+    times = []
+    spent = 0.0
+    while len(times) < max_reps and (len(times) < min_reps or spent < budget_ms):
+        t0 = time.perf_counter()
+        fn()
+        t = (time.perf_counter() - t0) * 1e3
+        times.append(t)
+        spent += t
+    return statistics.median(times)
+
+
+def matmul_peak_tflops(device: str, n: int = 8192, dtype: torch.dtype = torch.bfloat16) -> float:
+    """The measured bf16 matmul rate of this device, so attention figures read as a fraction of it."""
+    if device != "cuda":
+        n = 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    ms = time_ms(lambda: a @ b, device=device, budget_ms=300.0, min_reps=10)
+    return 2 * n**3 / (ms * 1e-3) / 1e12

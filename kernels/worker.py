@@ -1,0 +1,53 @@
+"""The worker subprocess: reads cases on stdin, probes each, answers on a private pipe.
+
+Protocol (one JSON object per line):
+  -> {"case": {...}, "config": {...}}
+  <- {"event": "hello", "provenance": {...}}            once, at start
+  <- {"event": "start", "key": ..., "provenance": {...}}  before touching the kernel
+  <- {"event": "result", "record": {...}}
+The `start` message lets the runner write a complete record even if the kernel then kills the
+process. Libraries that print to stdout cannot corrupt the protocol: fd 1 is pointed at stderr and
+answers go to a duplicate of the original stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main() -> int:
+    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    from attnmatrix.matrix.cases import Case
+
+    from .base import load_backend
+    from .env import device_provenance
+    from .probe import ProbeConfig, kernel_provenance, probe_case
+
+    device = os.environ.get("ATTNMATRIX_DEVICE", "cpu")
+    base = device_provenance(device)
+
+    def send(obj: dict) -> None:
+        proto.write(json.dumps(obj, sort_keys=True) + "\n")
+        proto.flush()
+
+    send({"event": "hello", "provenance": base, "pid": os.getpid()})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        task = json.loads(line)
+        case = Case.from_dict(task["case"])
+        config = ProbeConfig(**task.get("config", {}))
+        backend = load_backend(case.backend)
+        send({"event": "start", "key": case.key, "provenance": kernel_provenance(backend, base)})
+        record = probe_case(case, config, base, backend)
+        send({"event": "result", "record": record.to_dict()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

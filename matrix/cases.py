@@ -1,0 +1,210 @@
+"""The case space: what one probe is, and the axes a sweep is built from.
+
+The axes are plain lists and the space is their `itertools.product` (the spirit of
+flash-attention's `generate_kernels.py`). A case is a small frozen dataclass with a stable
+string key, so results can be matched, resumed and merged by key alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+OPS = ["prefill", "decode", "mla_prefill"]
+DTYPES = ["bfloat16", "float16"]
+
+# (head_dim, head_dim_v). (192, 128) is DeepSeek's MLA prefill (qk_nope 128 + qk_rope 64, v 128);
+# (256, 256) doubles as GLM's MLA prefill (192 + 64, v 256).
+HEAD_DIMS: list[tuple[int, int]] = [
+    (32, 32), (64, 64), (80, 80), (96, 96), (128, 128), (160, 160), (192, 192),
+    (224, 224), (256, 256), (512, 512), (192, 128),
+]
+MLA_HEAD_DIMS: list[tuple[int, int]] = [(192, 128), (256, 256)]
+PAGE_SIZES = [16, 64, 128, 256]
+
+# Feature tokens. A token is a bare name or `name:int` (paged KV carries its block size).
+FEATURES = ["causal", "sliding_window", "softcap", "alibi", "sinks", "gqa", "varlen", "paged_kv", "fp8"]
+# The feature sets a standard sweep probes: each feature alone on top of the two mask modes the
+# kernels specialise on. Combinations beyond these are answered by composing single-feature cells.
+FEATURE_SETS: list[tuple[str, ...]] = [
+    (), ("causal",), ("sliding_window",), ("causal", "softcap"), ("causal", "alibi"),
+    ("causal", "sinks"), ("causal", "gqa"), ("causal", "varlen"),
+    *[("causal", f"paged_kv:{p}") for p in PAGE_SIZES],
+    ("causal", "fp8"),
+]
+
+ARCH_RE = re.compile(r"^(cpu|sm_\d{2,3})$")
+MAX_HEAD_DIM = 1024
+
+
+class CaseError(ValueError):
+    """A case (or one of its fields) is not well formed; the message names the field."""
+
+
+def normalize_arch(arch: str) -> str:
+    """`sm_90a`, `sm90`, `9.0`, `(9, 0)`-style spellings -> the matrix key `sm_90`.
+
+    The `a`/`f` suffixes are compile targets of one arch, not different hardware: the matrix keys on
+    the hardware, and the exact target is kept in provenance.
+    """
+    s = str(arch).strip().lower()
+    if s == "cpu":
+        return "cpu"
+    m = re.fullmatch(r"sm_?(\d{2,3})[af]?", s) or re.fullmatch(r"compute_(\d{2,3})[af]?", s)
+    if m:
+        return f"sm_{m.group(1)}"
+    m = re.fullmatch(r"(\d{1,2})\.(\d)", s)
+    if m:
+        return f"sm_{m.group(1)}{m.group(2)}"
+    raise CaseError(f"arch: {arch!r} is not an arch (expected e.g. sm_90, sm_100a, 9.0 or cpu)")
+
+
+def arch_of_capability(capability: Sequence[int]) -> str:
+    major, minor = capability
+    return f"sm_{major}{minor}"
+
+
+def canonical_features(features: Iterable[str]) -> tuple[str, ...]:
+    """Validate feature tokens and return them sorted and de-duplicated."""
+    out = set()
+    for tok in features:
+        name, _, arg = str(tok).partition(":")
+        if name not in FEATURES:
+            raise CaseError(f"features: unknown feature {tok!r} (known: {', '.join(FEATURES)})")
+        if name == "paged_kv":
+            if not arg.isdigit() or int(arg) <= 0:
+                raise CaseError(f"features: {tok!r} needs a positive block size, e.g. paged_kv:16")
+        elif arg:
+            raise CaseError(f"features: {tok!r} takes no argument")
+        out.add(tok)
+    return tuple(sorted(out))
+
+
+def feature_name(token: str) -> str:
+    return token.partition(":")[0]
+
+
+def page_size(features: Iterable[str]) -> int | None:
+    for tok in features:
+        name, _, arg = tok.partition(":")
+        if name == "paged_kv":
+            return int(arg)
+    return None
+
+
+@dataclass(frozen=True, order=True)
+class Case:
+    """One probe: which kernel, on which arch, for which problem class.
+
+    `backend` names a module in `attnmatrix.kernels` (e.g. `fa4`, `sdpa_flash`); `entry` is the
+    library entry point the backend used, recorded for humans and filled in by the backend.
+    """
+
+    arch: str
+    backend: str
+    op: str
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    features: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arch", normalize_arch(self.arch))
+        object.__setattr__(self, "features", canonical_features(self.features))
+        if not re.fullmatch(r"[a-z0-9_]+", self.backend or ""):
+            raise CaseError(f"backend: {self.backend!r} is not a backend name")
+        if self.op not in OPS:
+            raise CaseError(f"op: {self.op!r} is not one of {', '.join(OPS)}")
+        if self.dtype not in DTYPES:
+            raise CaseError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        for name in ("head_dim", "head_dim_v"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_HEAD_DIM:
+                raise CaseError(f"{name}: {v!r} is not a head dim (an int in 1..{MAX_HEAD_DIM})")
+
+    @property
+    def key(self) -> str:
+        """Stable identity: `sm_90/fa4/prefill/bfloat16/192x128/causal+gqa`."""
+        feats = "+".join(self.features) or "none"
+        return f"{self.arch}/{self.backend}/{self.op}/{self.dtype}/{self.head_dim}x{self.head_dim_v}/{feats}"
+
+    @property
+    def cell(self) -> tuple:
+        """The matrix cell this case is evidence for (everything but nothing: cases are cells)."""
+        return (self.arch, self.backend, self.op, self.dtype, self.head_dim, self.head_dim_v, self.features)
+
+    def has(self, feature: str) -> bool:
+        return any(feature_name(t) == feature for t in self.features)
+
+    @property
+    def page_size(self) -> int | None:
+        return page_size(self.features)
+
+    def to_dict(self) -> dict:
+        return {
+            "arch": self.arch, "backend": self.backend, "op": self.op, "dtype": self.dtype,
+            "head_dim": self.head_dim, "head_dim_v": self.head_dim_v, "features": list(self.features),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Case:
+        if not isinstance(d, dict):
+            raise CaseError(f"case: expected an object, got {type(d).__name__}")
+        missing = [k for k in ("arch", "backend", "op", "dtype", "head_dim", "head_dim_v") if k not in d]
+        if missing:
+            raise CaseError(f"case: missing field(s) {', '.join(missing)}")
+        feats = d.get("features", [])
+        if not isinstance(feats, list):
+            raise CaseError("features: expected a list of feature tokens")
+        return cls(d["arch"], d["backend"], d["op"], d["dtype"], d["head_dim"], d["head_dim_v"], tuple(feats))
+
+    @classmethod
+    def from_key(cls, key: str) -> Case:
+        try:
+            arch, backend, op, dtype, dims, feats = key.split("/")
+            hd, hdv = (int(x) for x in dims.split("x"))
+        except ValueError as e:
+            raise CaseError(f"case key {key!r} is not arch/backend/op/dtype/DxDv/features") from e
+        return cls(arch, backend, op, dtype, hd, hdv, () if feats == "none" else tuple(feats.split("+")))
+
+
+def ops_for(head_dims: tuple[int, int]) -> list[str]:
+    """MLA prefill is probed only at the MLA dims; plain prefill and decode at every dim."""
+    return ["prefill", "decode"] + (["mla_prefill"] if head_dims in MLA_HEAD_DIMS else [])
+
+
+def case_space(
+    archs: Sequence[str],
+    backends: Sequence[str],
+    *,
+    head_dims: Sequence[tuple[int, int]] = tuple(HEAD_DIMS),
+    dtypes: Sequence[str] = tuple(DTYPES),
+    feature_sets: Sequence[tuple[str, ...]] = tuple(FEATURE_SETS),
+    ops: Sequence[str] = tuple(OPS),
+) -> Iterator[Case]:
+    """Every case of the product of the axes, in a deterministic order."""
+    for arch, backend, hd, dtype, feats in itertools.product(archs, backends, head_dims, dtypes, feature_sets):
+        for op in ops_for(tuple(hd)):
+            if op not in ops:
+                continue
+            # MLA prefill in engines is ragged, causal, never paged or windowed.
+            if op == "mla_prefill" and any(feature_name(f) in ("paged_kv", "sliding_window") for f in feats):
+                continue
+            yield Case(arch, backend, op, dtype, hd[0], hd[1], feats)
+
+
+def parse_head_dims(spec: str) -> list[tuple[int, int]]:
+    """`64,128,192x128` -> [(64, 64), (128, 128), (192, 128)]; errors name the bad item."""
+    out = []
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        parts = item.lower().split("x")
+        if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
+            raise CaseError(f"head dims: {item!r} is not N or NxNv")
+        hd, hdv = int(parts[0]), int(parts[-1])
+        for v in (hd, hdv):
+            if not 0 < v <= MAX_HEAD_DIM:
+                raise CaseError(f"head dims: {item!r} is outside 1..{MAX_HEAD_DIM}")
+        out.append((hd, hdv))
+    return out

@@ -1,0 +1,202 @@
+"""Result records: one outcome of one case, with the evidence behind it.
+
+A record is one JSON object per line (JSON Lines). It is versioned (`schema`) so that readers can
+refuse what they do not understand instead of guessing. Parsing collects *every* problem of a record
+(field by field) rather than stopping at the first, in the spirit of xformers' `not_supported_reasons`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cases import Case, CaseError
+
+SCHEMA_VERSION = 1
+
+# What happened when the case was probed.
+OUTCOMES = ["pass", "wrong", "rejected", "crash", "timeout", "unavailable", "compiled"]
+# How strong the evidence is, strongest first.
+TIERS = ["validated", "compiled", "declared"]
+POSITIVE_OUTCOMES = {"pass", "compiled"}
+# Outcomes that say nothing about the kernel's support (the package was not importable).
+UNINFORMATIVE_OUTCOMES = {"unavailable"}
+
+TIER_OUTCOMES = {
+    "validated": {"pass", "wrong", "rejected", "crash", "timeout", "unavailable"},
+    "compiled": {"compiled", "rejected", "crash", "timeout", "unavailable"},
+    "declared": {"pass", "rejected"},
+}
+PROVENANCE_REQUIRED = {
+    "validated": ["device", "kernel_version", "torch", "date"],
+    "compiled": ["kernel_version", "date"],
+    "declared": ["date"],
+}
+
+
+class RecordError(ValueError):
+    """A record is malformed. `problems` lists every bad field as (field, message)."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{f}: {m}" for f, m in problems))
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One timed shape. `tflops` counts only unmasked work (see kernels.flops)."""
+
+    shape: str
+    latency_ms: float
+    tflops: float | None = None
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"shape": self.shape, "latency_ms": self.latency_ms}
+        if self.tflops is not None:
+            d["tflops"] = self.tflops
+        return d
+
+
+@dataclass(frozen=True)
+class Record:
+    case: Case
+    outcome: str
+    tier: str
+    provenance: dict = field(default_factory=dict)
+    reason: str | None = None  # the kernel's own words for a negative outcome, verbatim
+    error: dict | None = None  # numerics: max_abs_err, max_rel_err, atol, rtol, nan
+    timings: tuple[Timing, ...] = ()
+    sources: tuple[str, ...] = ()  # citations: "repo@commit:path#Lline", "PR owner/repo#123", ...
+    entry: str | None = None  # the library entry point that was called
+    run_id: str | None = None
+    extra: dict = field(default_factory=dict)  # backend-specific facts (compile time, cubin bytes ...)
+
+    @property
+    def key(self) -> str:
+        return self.case.key
+
+    @property
+    def kernel_version(self) -> str | None:
+        return self.provenance.get("kernel_version")
+
+    @property
+    def latency_ms(self) -> float | None:
+        """Median over the timed shapes, so one odd shape does not decide a ranking."""
+        vals = sorted(t.latency_ms for t in self.timings)
+        if not vals:
+            return None
+        mid = len(vals) // 2
+        return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+    @property
+    def tflops(self) -> float | None:
+        vals = sorted(t.tflops for t in self.timings if t.tflops is not None)
+        if not vals:
+            return None
+        mid = len(vals) // 2
+        return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"schema": SCHEMA_VERSION, "case": self.case.to_dict(), "outcome": self.outcome,
+                             "tier": self.tier}
+        for name in ("reason", "error", "entry", "run_id"):
+            v = getattr(self, name)
+            if v is not None:
+                d[name] = v
+        if self.timings:
+            d["timings"] = [t.to_dict() for t in self.timings]
+        if self.sources:
+            d["sources"] = list(self.sources)
+        if self.extra:
+            d["extra"] = self.extra
+        d["provenance"] = self.provenance
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Record:
+        return parse_record(d)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def parse_record(d: Any) -> Record:
+    """Build a Record from decoded JSON, or raise RecordError listing every bad field."""
+    if not isinstance(d, dict):
+        raise RecordError([("(record)", f"expected a JSON object, got {type(d).__name__}")])
+    problems: list[tuple[str, str]] = []
+    schema = d.get("schema")
+    if schema != SCHEMA_VERSION:
+        problems.append(("schema", f"{schema!r} is not a supported schema version (expected {SCHEMA_VERSION})"))
+    case = None
+    try:
+        case = Case.from_dict(d.get("case"))
+    except CaseError as e:
+        f, _, m = str(e).partition(": ")
+        problems.append((f"case.{f}" if not f.startswith("case") else f, m))
+    outcome, tier = d.get("outcome"), d.get("tier")
+    if outcome not in OUTCOMES:
+        problems.append(("outcome", f"{outcome!r} is not one of {', '.join(OUTCOMES)}"))
+    if tier not in TIERS:
+        problems.append(("tier", f"{tier!r} is not one of {', '.join(TIERS)}"))
+    if outcome in OUTCOMES and tier in TIERS and outcome not in TIER_OUTCOMES[tier]:
+        problems.append(("outcome", f"{outcome!r} cannot come from tier {tier!r}"))
+    prov = d.get("provenance")
+    if not isinstance(prov, dict):
+        problems.append(("provenance", "missing or not an object"))
+        prov = {}
+    elif tier in TIERS:
+        for k in PROVENANCE_REQUIRED[tier]:
+            if not isinstance(prov.get(k), str) or not prov.get(k):
+                problems.append((f"provenance.{k}", f"required for tier {tier!r}"))
+    reason = d.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        problems.append(("reason", "must be a string"))
+    if outcome not in POSITIVE_OUTCOMES and outcome in OUTCOMES and not reason:
+        problems.append(("reason", f"a {outcome!r} outcome must say why (the kernel's own words)"))
+    error = d.get("error")
+    if error is not None and not isinstance(error, dict):
+        problems.append(("error", "must be an object"))
+    timings: list[Timing] = []
+    raw_t = d.get("timings", [])
+    if not isinstance(raw_t, list):
+        problems.append(("timings", "must be a list"))
+        raw_t = []
+    for i, t in enumerate(raw_t):
+        if not isinstance(t, dict) or not isinstance(t.get("shape"), str):
+            problems.append((f"timings[{i}].shape", "missing or not a string"))
+            continue
+        lat, tf = t.get("latency_ms"), t.get("tflops")
+        if not _is_number(lat) or lat <= 0:
+            problems.append((f"timings[{i}].latency_ms", f"{lat!r} is not a positive number"))
+            continue
+        if tf is not None and (not _is_number(tf) or tf < 0):
+            problems.append((f"timings[{i}].tflops", f"{tf!r} is not a non-negative number"))
+            continue
+        timings.append(Timing(t["shape"], float(lat), None if tf is None else float(tf)))
+    if timings and outcome != "pass":
+        problems.append(("timings", f"only a 'pass' can be timed, this record is {outcome!r}"))
+    sources = d.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(s, str) and s for s in sources):
+        problems.append(("sources", "must be a list of non-empty strings"))
+        sources = []
+    if tier == "declared" and not sources:
+        problems.append(("sources", "a declared record must cite at least one source"))
+    for name in ("entry", "run_id"):
+        if d.get(name) is not None and not isinstance(d.get(name), str):
+            problems.append((name, "must be a string"))
+    extra = d.get("extra", {})
+    if not isinstance(extra, dict):
+        problems.append(("extra", "must be an object"))
+    known = {"schema", "case", "outcome", "tier", "provenance", "reason", "error", "timings", "sources",
+             "entry", "run_id", "extra"}
+    for k in sorted(set(d) - known):
+        problems.append((k, "unknown field"))
+    if problems:
+        raise RecordError(problems)
+    assert case is not None
+    return Record(case=case, outcome=outcome, tier=tier, provenance=prov, reason=reason, error=error,
+                  timings=tuple(timings), sources=tuple(sources), entry=d.get("entry"), run_id=d.get("run_id"),
+                  extra=extra)

@@ -1,0 +1,187 @@
+"""Reading and writing result files (JSON Lines), atomically and resumably.
+
+- Every problem names the file, the line and the field.
+- A sweep appends one line per finished case and fsyncs it, so a killed sweep loses at most the case
+  in flight; a torn last line (the process died mid-write) is cut off on resume, never parsed.
+- Whole-file writes (merged matrices, generated files) go to a temporary file that replaces the
+  target in one `os.replace`, so a reader never sees half a file and a failure changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .records import Record, RecordError, parse_record
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an input, located precisely enough to fix it."""
+
+    file: str
+    line: int | None
+    field: str
+    message: str
+    record: str | None = None  # case key, when known
+
+    def __str__(self) -> str:
+        where = self.file + (f":{self.line}" if self.line is not None else "")
+        rec = f" [{self.record}]" if self.record else ""
+        return f"{where}{rec}: {self.field}: {self.message}"
+
+
+class InputError(Exception):
+    """Input could not be read at all (missing file, not UTF-8 ...). Exit code 2."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+def _case_key_of(obj: object) -> str | None:
+    try:
+        from .cases import Case
+
+        return Case.from_dict(obj["case"]).key  # type: ignore[index]
+    except Exception:
+        return None
+
+
+def read_records(path: str | os.PathLike, *, problems: list[Problem] | None = None) -> list[tuple[int, Record]]:
+    """Parse a JSONL result file into (line number, Record) pairs.
+
+    Malformed lines are reported into `problems` (every one of them) and skipped; without a
+    `problems` list the first problem raises InputError. A missing or undecodable file raises
+    InputError: there is nothing to report line by line.
+    """
+    p = Path(path)
+    collect = problems is not None
+    found: list[Problem] = problems if collect else []
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise InputError([Problem(str(p), None, "(file)", f"cannot read: {e.strerror or e}")]) from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise InputError([Problem(str(p), line, "(file)", f"not UTF-8 text (byte 0x{raw[e.start]:02x})")]) from e
+    out: list[tuple[int, Record]] = []
+    for n, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            found.append(Problem(str(p), n, "(json)", f"not valid JSON: {e.msg} at column {e.colno}"))
+            continue
+        try:
+            out.append((n, parse_record(obj)))
+        except RecordError as e:
+            key = _case_key_of(obj)
+            found.extend(Problem(str(p), n, f, m, key) for f, m in e.problems)
+    if found and not collect:
+        raise InputError(found)
+    return out
+
+
+def dump_record(rec: Record) -> str:
+    """One canonical line: sorted keys, no spaces, so equal records are equal bytes."""
+    return json.dumps(rec.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> bool:
+    """Write `text` to `path` through a temporary file and `os.replace`. Returns True if it changed."""
+    p = Path(path)
+    data = text.encode("utf-8")
+    try:
+        if p.read_bytes() == data:
+            return False
+    except OSError:
+        pass
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return True
+
+
+def write_records(path: str | os.PathLike, records: Iterable[Record]) -> bool:
+    lines = [dump_record(r) for r in records]
+    return atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+class ResultStore:
+    """An append-only JSONL file of one sweep. Re-opening it resumes: finished cases are known.
+
+    The file is opened in append mode and each record is flushed and fsynced before the runner
+    moves on, so `kill -9` at any point leaves every finished case on disk exactly once.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.repaired_bytes = self._cut_torn_tail()
+        self.done: dict[str, Record] = {}
+        if self.path.exists():
+            for _, rec in read_records(self.path):
+                self.done[rec.key] = rec
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the store
+
+    def _cut_torn_tail(self) -> int:
+        """A line without its newline is a write the process did not finish: drop it."""
+        if not self.path.exists():
+            return 0
+        with open(self.path, "rb+") as f:
+            data = f.read()
+            if not data or data.endswith(b"\n"):
+                return 0
+            keep = data.rfind(b"\n") + 1
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+            return len(data) - keep
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.done
+
+    def append(self, rec: Record) -> None:
+        if rec.key in self.done:
+            return  # resuming never duplicates a case
+        self._fh.write(dump_record(rec) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self.done[rec.key] = rec
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> ResultStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def iter_result_files(paths: Iterable[str | os.PathLike]) -> Iterator[Path]:
+    """Expand directories into their `*.jsonl` files, sorted for determinism."""
+    for p in map(Path, paths):
+        if p.is_dir():
+            yield from sorted(p.glob("*.jsonl"))
+        else:
+            yield p
