@@ -1,0 +1,177 @@
+"""The evidence a matrix is made of: result records, declared facts, declared rankings, backend metadata.
+
+`load_evidence` reads all of it (by default the embedded `matrix/data/`), collecting every problem
+with its file, line and field instead of stopping at the first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cases import Case, CaseError, normalize_arch
+from .records import Record, RecordError, parse_record
+from .storage import InputError, Problem, iter_result_files, read_records
+
+DATA_DIR = Path(__file__).parent / "data"
+RESULTS_DIR = DATA_DIR / "results"
+DECLARED_FILE = DATA_DIR / "declared.json"
+BACKENDS_FILE = DATA_DIR / "backends.json"
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A declared performance claim: on these cells, `order` is fastest first. Used only unmeasured."""
+
+    id: str
+    archs: tuple[str, ...]
+    op: str
+    dtype: str | None
+    head_dims: tuple[tuple[int, int], ...]
+    order: tuple[str, ...]
+    sources: tuple[str, ...]
+    statement: str
+
+    def applies(self, arch: str, op: str, dtype: str, head_dim: int, head_dim_v: int) -> bool:
+        return (arch in self.archs and op == self.op and (self.dtype in (None, dtype))
+                and (head_dim, head_dim_v) in self.head_dims)
+
+
+@dataclass
+class Evidence:
+    records: list[Record] = field(default_factory=list)
+    where: list[str] = field(default_factory=list)  # "file:line" (or "file#fact-id") per record
+    rankings: list[Ranking] = field(default_factory=list)
+    backends: dict[str, dict] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+
+    def add(self, rec: Record, where: str) -> None:
+        self.records.append(rec)
+        self.where.append(where)
+
+    def extend(self, other: Evidence) -> None:
+        self.records += other.records
+        self.where += other.where
+        self.rankings += other.rankings
+        self.files += other.files
+        self.backends = self.backends or other.backends
+
+
+def load_backends(path: Path = BACKENDS_FILE) -> dict[str, dict]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return dict(data["backends"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError([Problem(str(path), None, "backends", f"cannot load backend metadata: {e}")]) from e
+
+
+def expand_fact(fact: dict) -> list[Record]:
+    """A declared fact names axes as lists; its records are their product (every combination)."""
+    base = {k: fact[k] for k in ("outcome", "sources") if k in fact}
+    prov = {"date": fact.get("date") or "", "kernel_version": fact.get("kernel_version") or "",
+            "declared_id": fact.get("id", "")}
+    if not prov["kernel_version"]:
+        del prov["kernel_version"]
+    out = []
+    for arch, op, dtype, hd, feats in itertools.product(
+        fact["archs"], fact["ops"], fact["dtypes"], fact["head_dims"], fact["feature_sets"]
+    ):
+        d = {
+            "schema": 1, "tier": "declared", "provenance": prov, **base,
+            "case": {"arch": arch, "backend": fact["backend"], "op": op, "dtype": dtype, "head_dim": hd[0],
+                     "head_dim_v": hd[1], "features": list(feats)},
+        }
+        if fact.get("reason"):
+            d["reason"] = fact["reason"]
+        elif fact.get("outcome") != "pass":
+            d["reason"] = fact.get("statement", "")
+        extra = {"statement": fact["statement"]} if fact.get("statement") else {}
+        if extra:
+            d["extra"] = extra
+        out.append(parse_record(d))
+    return out
+
+
+FACT_FIELDS = ["id", "backend", "archs", "ops", "dtypes", "head_dims", "feature_sets", "outcome", "sources"]
+RANKING_FIELDS = ["id", "archs", "op", "head_dims", "order", "sources"]
+
+
+def read_declared(path: Path, problems: list[Problem]) -> Evidence:
+    ev = Evidence(files=[str(path)])
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise InputError([Problem(str(path), None, "(file)", f"cannot read: {e.strerror or e}")]) from e
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InputError([Problem(str(path), None, "(json)", f"not valid UTF-8 JSON: {e}")]) from e
+    if not isinstance(data, dict) or data.get("schema") != 1:
+        problems.append(Problem(str(path), None, "schema", "expected an object with \"schema\": 1"))
+        return ev
+    seen: set[str] = set()
+    for i, fact in enumerate(data.get("facts", [])):
+        loc = f"facts[{i}]"
+        if not isinstance(fact, dict):
+            problems.append(Problem(str(path), None, loc, "not an object"))
+            continue
+        fid = fact.get("id", loc)
+        missing = [k for k in FACT_FIELDS if k not in fact]
+        if missing:
+            problems.append(Problem(str(path), None, f"{loc}.{missing[0]}", f"missing ({', '.join(missing)})", fid))
+            continue
+        if fid in seen:
+            problems.append(Problem(str(path), None, f"{loc}.id", f"duplicate fact id {fid!r}", fid))
+        seen.add(fid)
+        try:
+            for rec in expand_fact(fact):
+                ev.add(rec, f"{path}#{fid}")
+        except RecordError as e:
+            problems.extend(Problem(str(path), None, f"{loc}.{f}", m, fid) for f, m in e.problems)
+        except (CaseError, TypeError, IndexError, KeyError, ValueError) as e:
+            problems.append(Problem(str(path), None, loc, f"cannot expand: {e}", fid))
+    for i, r in enumerate(data.get("rankings", [])):
+        loc = f"rankings[{i}]"
+        missing = [k for k in RANKING_FIELDS if not isinstance(r, dict) or k not in r]
+        if missing:
+            problems.append(Problem(str(path), None, f"{loc}.{missing[0]}", f"missing ({', '.join(missing)})"))
+            continue
+        try:
+            ev.rankings.append(Ranking(
+                id=r["id"], archs=tuple(normalize_arch(a) for a in r["archs"]), op=r["op"], dtype=r.get("dtype"),
+                head_dims=tuple((int(a), int(b)) for a, b in r["head_dims"]), order=tuple(r["order"]),
+                sources=tuple(r["sources"]), statement=r.get("statement", ""),
+            ))
+        except (CaseError, TypeError, ValueError) as e:
+            problems.append(Problem(str(path), None, loc, f"malformed ranking: {e}", r.get("id")))
+    return ev
+
+
+def load_evidence(
+    result_paths: list[str | Path] | None = None,
+    *,
+    declared: Path | None = DECLARED_FILE,
+    include_embedded: bool = True,
+    problems: list[Problem] | None = None,
+) -> Evidence:
+    """Read result files (files or directories of `*.jsonl`) and declared facts into one Evidence.
+
+    With `include_embedded`, the committed matrix (`matrix/data/results`) comes first. Problems are
+    appended to `problems` when given; otherwise the first batch of problems raises InputError.
+    """
+    found: list[Problem] = [] if problems is None else problems
+    ev = Evidence(backends=load_backends())
+    paths: list[str | Path] = ([RESULTS_DIR] if include_embedded else []) + list(result_paths or [])
+    for f in iter_result_files(paths):
+        ev.files.append(str(f))
+        for line, rec in read_records(f, problems=found):
+            ev.add(rec, f"{f}:{line}")
+    if declared is not None and declared.exists():
+        ev.extend(read_declared(declared, found))
+    if found and problems is None:
+        raise InputError(found)
+    return ev
+
+
+def cases_of(ev: Evidence) -> set[Case]:
+    return {r.case for r in ev.records}
