@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata as md
+import os
 import platform
 import subprocess
 
@@ -69,6 +70,11 @@ def device_provenance(device: str = "cuda") -> dict:
         drv = _driver_version()
         if drv:
             prov["driver"] = drv
+        # Measured once per sweep by the parent (kernels.timing.matmul_peak_tflops) and handed down,
+        # so every TFLOP/s figure can be read as a fraction of this GPU's measured bf16 matmul rate.
+        peak = os.environ.get("ATTNMATRIX_MATMUL_PEAK_TFLOPS")
+        if peak:
+            prov["matmul_peak_tflops"] = peak
     else:
         prov.update({"device": _cpu_name(), "cpu_threads": str(torch.get_num_threads())})
     return prov

@@ -37,7 +37,7 @@ class RunnerConfig:
     startup_timeout_s: float = 180.0  # for a fresh worker to import torch and say hello
     memory_limit_mb: int | None = None  # RLIMIT_AS per worker; never on GPUs (CUDA maps huge ranges)
     device: str = "cpu"
-    gpus: list[int] | None = None  # one worker per listed GPU when set
+    gpus: list[int] | None = None  # workers are spread over these GPUs, round robin
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -63,7 +63,10 @@ class _Worker:
         env["ATTNMATRIX_DEVICE"] = cfg.device
         env["PYTHONUNBUFFERED"] = "1"
         if cfg.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = str(cfg.gpus[slot % len(cfg.gpus)])
+            gpu = cfg.gpus[slot % len(cfg.gpus)]
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+            # Workers sharing a GPU compile in parallel but take turns for timed loops.
+            env["ATTNMATRIX_GPU_LOCK"] = os.path.join(tempfile.gettempdir(), f"attnmatrix-gpu{gpu}.lock")
         limit = cfg.memory_limit_mb
 
         def preexec() -> None:
@@ -160,7 +163,8 @@ def run_cases(
             summary.skipped += 1
         else:
             todo.append(c)
-    nslots = max(1, len(cfg.gpus) if cfg.gpus else cfg.workers)
+    # Several workers may share a GPU (JIT compiles are CPU-bound); at least one per GPU.
+    nslots = max(1, cfg.workers, len(cfg.gpus or ()))
     slots: list[_Worker | None] = [None] * nslots
     sel = selectors.DefaultSelector()
 

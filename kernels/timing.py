@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
+
+
+@contextlib.contextmanager
+def exclusive_gpu() -> Iterator[None]:
+    """Hold this GPU's lock (set by the runner) so no other worker's kernels overlap a timed loop."""
+    path = os.environ.get("ATTNMATRIX_GPU_LOCK")
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def time_ms(fn: Callable[[], object], *, device: str, budget_ms: float = 150.0, min_reps: int = 5,

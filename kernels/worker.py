@@ -41,7 +41,8 @@ def main() -> int:
             continue
         task = json.loads(line)
         case = Case.from_dict(task["case"])
-        config = ProbeConfig(**task.get("config", {}))
+        cfg = task.get("config", {})
+        config = ProbeConfig(**{**cfg, "timed_dtypes": tuple(cfg.get("timed_dtypes", ("bfloat16", "float16")))})
         backend = load_backend(case.backend)
         send({"event": "start", "key": case.key, "provenance": kernel_provenance(backend, base)})
         record = probe_case(case, config, base, backend)
