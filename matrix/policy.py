@@ -151,11 +151,11 @@ def resolve_cell(records: Sequence[Record]) -> ResolvedCell:
     newest = max(versions, key=version_key) if versions else None
     conflicts: list[str] = []
     current = [r for r in informative if not r.kernel_version or r.kernel_version == newest]
-    for r in informative:
-        if r not in current and is_positive(r) != is_positive(current[0]):
-            conflicts.append(f"superseded by version {newest}: {describe(r)}")
     current.sort(key=_sort_key)
     w = current[0]
+    for r in informative:
+        if r not in current and is_positive(r) != is_positive(w):
+            conflicts.append(f"superseded by version {newest}: {describe(r)}")
     for r in current[1:]:
         if is_positive(r) != is_positive(w):
             why = "same tier, negative wins" if rank(r) == rank(w) else "weaker evidence"
@@ -234,8 +234,8 @@ def component_cells(m: ResolvedMatrix, arch: str, backend: str, op: str, dtype: 
     base = m.cells.get((*key, mask))
     if base is not None:
         cells.append(base)
-    elif not [f for f in feats if f not in MASK_FEATURES]:
-        missing.append("+".join(mask) or "none")
+    else:  # evidence for the other mask mode must not answer this one
+        missing.append("+".join(mask) or "no mask")
     for f in (f for f in feats if f not in MASK_FEATURES):
         for cand in (tuple(sorted({*mask, f})), tuple(sorted({"causal", f})), (f,)):
             cell = m.cells.get((*key, cand))

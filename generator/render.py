@@ -1,0 +1,222 @@
+"""Render the generated files: tables (generator.tables) -> Jinja2 templates -> file texts.
+
+Escaping is not left to the templates' discipline. Each environment has a `finalize` hook that every
+`{{ expression }}` passes through:
+
+- Python templates: every value is written as a Python literal (`pylit`: repr for str/int/float,
+  recursively for tuples, lists and dicts), so a reason with quotes, triple quotes, backslashes,
+  newlines or `{{` can never end a string or inject code;
+- Markdown templates: every value is escaped for a table cell (`md_escape`).
+
+Only values wrapped in `Raw` (markup the generator builds itself, from escaped parts) pass unchanged.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from attnmatrix.matrix import policy
+from attnmatrix.matrix.policy import ResolvedMatrix
+
+from . import tables as T
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+SELECTOR_PATH = "attnmatrix/selector.py"
+SUPPORT_MATRIX_PATH = "site/support-matrix.md"
+MLA_PREFILL_PATH = "site/mla-prefill.md"
+FA_VERSION_PATH = "site/fa-version.md"
+ARCH_PAGE_DIR = "site/archs"
+
+
+class Raw(str):
+    """Text the generator built itself from escaped parts: the finalize hooks pass it through."""
+
+
+# --- Python literals ------------------------------------------------------------------------------
+
+def pylit(v: Any) -> str:
+    """A Python literal for `v` that evaluates back to an equal value."""
+    if isinstance(v, Raw):
+        return str(v)
+    if v is None or isinstance(v, (bool, int)):
+        return repr(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError(f"cannot write {v!r} as a Python literal")
+        return repr(v)
+    if isinstance(v, str):
+        return repr(str(v))
+    if isinstance(v, tuple):
+        inner = ", ".join(pylit(x) for x in v)
+        return f"({inner},)" if len(v) == 1 else f"({inner})"
+    if isinstance(v, list):
+        return "[" + ", ".join(pylit(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{pylit(k)}: {pylit(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write a {type(v).__name__} as a Python literal")
+
+
+def py_comment(v: Any) -> Raw:
+    """Text safe inside a `#` comment or a docstring: one line, no quotes or backslashes left raw."""
+    # JSON string escapes (\n, \\, \", \uXXXX) are also valid Python escapes: in a comment they are inert text,
+    # in a docstring every quote is escaped, so nothing can end the docstring early.
+    return Raw(json.dumps(str(v), ensure_ascii=True)[1:-1])
+
+
+# --- Markdown -------------------------------------------------------------------------------------
+
+_MD_CHARS = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "&#124;", "`": "&#96;", "*": "&#42;", "[": "&#91;",
+             "]": "&#93;", "\\": "&#92;", "{": "&#123;", "}": "&#125;", "_": "&#95;",
+             # doubled marks of common extensions (pymdownx mark, tilde, caret, keys): break the pair
+             "==": "=&#61;", "~~": "~&#126;", "^^": "^&#94;", "++": "+&#43;"}
+# Other control characters and Unicode line breaks (which some tools split lines on) become visible escapes.
+_CONTROL = "\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x85\u2028\u2029"
+_CONTROL_RE = re.compile(f"[{_CONTROL}]")
+_MD_RE = re.compile(r"\r\n|[\r\n&<>|`*\[\]\\{}" + _CONTROL + r"]|==|~~|\^\^|\+\+|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+
+
+def _control(ch: str) -> str:
+    return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+
+
+def _md_sub(mo: re.Match) -> str:
+    s = mo.group(0)
+    if s in ("\r\n", "\r", "\n"):
+        return "<br>"
+    if _CONTROL_RE.fullmatch(s):
+        return "&#92;" + _control(s)[1:]
+    # `_` only matches where it could open or close emphasis, so `sliding_window` stays readable
+    return _MD_CHARS[s]
+
+
+def md_escape(v: Any) -> Raw:
+    """Escape text for a Markdown table cell (or inline text): `|`, `<`, `>`, `&`, backticks, emphasis and
+    link characters, braces (template plugins), and newlines (as `<br>`)."""
+    if isinstance(v, Raw):
+        return v
+    return Raw(_MD_RE.sub(_md_sub, "" if v is None else str(v)))
+
+
+def md_join(items: Iterable[Any], sep: str = "<br>") -> Raw:
+    return Raw(sep.join(md_escape(x) for x in items))
+
+
+def md_code(name: str) -> Raw:
+    """A code span for identifiers we control (backend names, archs); anything else is escaped instead."""
+    s = str(name)
+    return Raw(f"`{s}`") if re.fullmatch(r"[A-Za-z0-9_.:+×-]+", s) else md_escape(s)
+
+
+def html_comment(v: Any) -> Raw:
+    """Text safe inside `<!-- -->`: no `>` (so no `-->`), one line."""
+    s = _CONTROL_RE.sub(lambda mo: _control(mo.group(0)), str(v))
+    return Raw(html.escape(s, quote=False).replace("\r", " ").replace("\n", " ").replace("--", "-&#45;"))
+
+
+def claims(cs: list[T.Claim], page_prefix: str = "") -> Raw:
+    """A support-matrix cell: items with their mark, grouped, each group with the archs where it holds."""
+    if not cs:
+        return Raw(T.UNSUPPORTED_MARK)
+    out: list[str] = []
+    group: list[str] = []
+    prev: tuple | None = None
+    for c in cs:
+        k = (c.mark, c.archs)
+        if prev is not None and k != prev:
+            out.append(_claim_group(group, prev))
+            group = []
+        group.append(c.label)
+        prev = k
+    assert prev is not None
+    out.append(_claim_group(group, prev))
+    return Raw(" · ".join(out))
+
+
+def _claim_group(labels: list[str], key: tuple) -> str:
+    mark, archs = key
+    text = ", ".join(md_escape(x) for x in labels if x)
+    where = f" <small>({', '.join(md_escape(a) for a in archs)})</small>" if archs else ""
+    return f"{text} {mark}{where}".strip() if text else f"{mark}{where}"
+
+
+def capability_of(arch: str) -> str:
+    if arch.startswith("sm_") and arch[3:].isdigit():
+        n = arch[3:]
+        return f"{n[:-1]}.{n[-1]}"
+    return arch
+
+
+def arch_links(cs: list[T.Claim], prefix: str) -> Raw:
+    return Raw(", ".join(f"[{md_escape(capability_of(c.label))}]({prefix}{md_escape(c.label)}.md) {c.mark}"
+                         for c in cs) or T.UNSUPPORTED_MARK)
+
+
+# --- environments ---------------------------------------------------------------------------------
+
+def _env(finalize) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True, undefined=jinja2.StrictUndefined, finalize=finalize,
+    )
+    env.filters.update(comment=py_comment, hcomment=html_comment, md=md_escape, md_join=md_join, code=md_code,
+                       claims=claims, arch_links=arch_links, capability=capability_of, raw=Raw,
+                       tuple=tuple)
+    return env
+
+
+PY_ENV = _env(pylit)
+MD_ENV = _env(md_escape)
+
+
+# --- header / meta --------------------------------------------------------------------------------
+
+def _header(m: ResolvedMatrix, meta: dict) -> dict:
+    if not meta.get("matrix_id"):
+        raise ValueError("meta: matrix_id is required")
+    kv = meta.get("kernel_versions") or {}
+    versions = [(str(b), [str(v) for v in sorted(kv[b], key=lambda v: (policy.version_key(str(v)), str(v)))])
+                for b in sorted(kv)]
+    return {"matrix_id": str(meta["matrix_id"]), "kernel_versions": versions,
+            "files": sorted(str(f) for f in meta.get("files") or [])}
+
+
+def render_selector(m: ResolvedMatrix, meta: dict) -> str:
+    h = _header(m, meta)
+    st = T.selector_tables(m)
+    return PY_ENV.get_template("selector.py.j2").render(
+        h=h, t=st, kernel_versions_dict={b: tuple(v) for b, v in h["kernel_versions"]},
+        archs=tuple(st.archs),
+    )
+
+
+def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
+    h = _header(m, meta)
+    out: dict[str, str] = {}
+    kv = dict(h["kernel_versions"])
+    pages = T.arch_pages(m)
+    out[SUPPORT_MATRIX_PATH] = MD_ENV.get_template("support-matrix.md.j2").render(
+        h=h, rows=T.backend_rows(m, kv), grids=T.fastest_grids(m), marks=T.TIER_MARK,
+        unsupported=T.UNSUPPORTED_MARK, unknown=T.UNKNOWN_MARK, policy_doc=(policy.__doc__ or "").strip(),
+        feature_columns=[c for c, _ in T.FEATURE_COLUMNS], archs=[p.arch for p in pages],
+    )
+    arch_tpl = MD_ENV.get_template("arch.md.j2")
+    for page in pages:
+        out[f"{ARCH_PAGE_DIR}/{page.arch}.md"] = arch_tpl.render(h=h, page=page, marks=T.TIER_MARK)
+    out[MLA_PREFILL_PATH] = MD_ENV.get_template("mla-prefill.md.j2").render(h=h, archs=T.mla_tables(m))
+    out[FA_VERSION_PATH] = MD_ENV.get_template("fa-version.md.j2").render(
+        h=h, archs=T.fa_tables(m), common=T.FA_COMMON_HEAD_SIZES)
+    return out
+
+
+def render_all(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
+    """Every generated file: {repo-relative path: text}. Byte-identical for the same input."""
+    out = {SELECTOR_PATH: render_selector(m, meta), **render_docs(m, meta)}
+    return dict(sorted(out.items()))

@@ -1,0 +1,264 @@
+"""The generated selector, over a small hand-built matrix: it must answer exactly as the policy does."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from attnmatrix.generator import render_selector
+from attnmatrix.generator import tables as T
+from attnmatrix.matrix.cases import feature_name, page_size
+from attnmatrix.matrix.evidence import Evidence, Ranking
+from attnmatrix.matrix.policy import answer, order_backends, resolve
+from attnmatrix.matrix.records import parse_record
+
+BACKENDS = {
+    "fast": {"default_rank": 30},
+    "slow": {"default_rank": 1},
+    "bad": {"default_rank": 1},
+    "comp": {"default_rank": 5},
+    "decl_a": {"default_rank": 1},
+    "decl_b": {"default_rank": 2},
+    "fa2": {"fa_version": 2, "mla_prefill": "FLASH_ATTN", "default_rank": 12},
+    "fa3": {"fa_version": 3, "mla_prefill": "FLASH_ATTN", "default_rank": 11},
+    "fa4": {"fa_version": 4, "mla_prefill": "FLASH_ATTN", "default_rank": 10},
+    "trtllm_ragged": {"mla_prefill": "TRTLLM_RAGGED", "default_rank": 20},
+    "flashinfer": {"mla_prefill": "FLASHINFER", "default_rank": 23},
+    "sdpa_efficient": {"default_rank": 32},
+    "sdpa_cpu": {"default_rank": 40},
+    "fake_fast": {"test_only": True, "default_rank": 0},
+}
+
+
+def rec(arch, backend, feats, outcome="pass", *, hd=128, hdv=None, op="prefill", tier="validated", lat=None,
+        reason=None, dtype="bfloat16", sources=()):
+    d = {"schema": 1, "outcome": outcome, "tier": tier,
+         "case": {"arch": arch, "backend": backend, "op": op, "dtype": dtype, "head_dim": hd,
+                  "head_dim_v": hd if hdv is None else hdv, "features": list(feats)},
+         "provenance": {"date": "2026-11-01"} if tier == "declared" else
+         {"device": "H200", "kernel_version": "1.0", "torch": "2.11", "date": "2026-11-01"}}
+    if tier == "declared" and not sources:
+        sources = (f"declared source for {backend}",)
+    if sources:
+        d["sources"] = list(sources)
+    if outcome not in ("pass", "compiled"):
+        d["reason"] = reason or f"{backend} refuses {'+'.join(feats) or 'none'}"
+    if outcome == "pass" and tier == "validated":
+        d["error"] = {"max_abs_err": 1e-3}
+    if lat is not None:
+        d["timings"] = [{"shape": "b1", "latency_ms": lat, "tflops": 10.0}]
+    return parse_record(d)
+
+
+C, CS = ("causal",), ("causal", "softcap")
+
+
+def records():
+    H = "sm_90"
+    return [
+        rec(H, "fast", (), lat=0.9), rec(H, "fast", C, lat=1.0), rec(H, "fast", CS, lat=1.5),
+        rec(H, "slow", C, lat=2.0), rec(H, "slow", CS, "rejected", reason="softcap: slow says no"),
+        rec(H, "bad", C, "rejected", reason="bad refuses everything"),
+        rec(H, "bad", CS, "rejected", reason="bad refuses softcap too"),
+        rec(H, "comp", C, lat=1.2), rec(H, "comp", ("causal", "sinks"), "rejected", reason="sinks: comp says no"),
+        rec(H, "comp", ("sliding_window",), "rejected", reason="window: comp says no"),
+        rec(H, "comp", ("causal", "paged_kv:16"), lat=1.3),
+        rec(H, "decl_a", C, tier="declared"), rec(H, "decl_b", C, tier="declared"),
+        rec(H, "decl_a", C, tier="declared", hd=64), rec(H, "decl_b", C, tier="declared", hd=64),
+        rec(H, "fake_fast", C, lat=0.01),
+        # FlashAttention: fa4 is fastest at 128 but refuses 64; fa3 refuses ALiBi, fa2 has it.
+        rec(H, "fa4", C, lat=0.5), rec(H, "fa4", C, "rejected", hd=64, reason="fa4: no 64 here"),
+        rec(H, "fa3", C, lat=0.8), rec(H, "fa3", C, hd=64, lat=0.4),
+        rec(H, "fa3", ("alibi", "causal"), "rejected", reason="fa3 has no alibi"),
+        rec(H, "fa2", C, tier="declared"), rec(H, "fa2", C, hd=64, tier="declared"),
+        rec(H, "fa2", ("alibi", "causal"), tier="declared"),
+        rec(H, "fa4", ("alibi", "causal"), "rejected", reason="fa4 has no alibi"),
+        # MLA prefill at (192, 128): FLASH_ATTN twice (fa4, fa3), one without a vLLM name.
+        *[rec("sm_100", b, C, op="mla_prefill", hd=192, hdv=128, lat=lat)
+          for b, lat in (("trtllm_ragged", 2.0), ("fa4", 1.0), ("fa3", 1.5), ("sdpa_efficient", 0.2))],
+        rec("sm_100", "flashinfer", C, op="mla_prefill", hd=192, hdv=128, tier="declared"),
+        rec("sm_100", "fa2", C, "rejected", op="mla_prefill", hd=192, hdv=128, reason="fa2: dv != d"),
+        # A GPU arch with only declared, unmeasured evidence, and a declared ranking for it.
+        rec("sm_100", "decl_a", C, tier="declared"), rec("sm_100", "decl_b", C, tier="declared"),
+        rec("sm_100", "slow", C, lat=3.0),
+        rec("cpu", "sdpa_cpu", C, lat=5.0),
+    ]
+
+
+RANKINGS = [Ranking("r1", ("sm_90", "sm_100"), "prefill", "bfloat16", ((128, 128),), ("decl_b", "decl_a", "slow"),
+                    ("PR #1",), "decl_b beats decl_a")]
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    return resolve(Evidence(records=records(), where=["t"] * len(records()), rankings=list(RANKINGS),
+                            backends={k: dict(v) for k, v in BACKENDS.items()}))
+
+
+@pytest.fixture(scope="module")
+def sel(matrix, tmp_path_factory):
+    path = tmp_path_factory.mktemp("sel") / "selector_under_test.py"
+    path.write_text(render_selector(matrix, {"matrix_id": "test-matrix", "kernel_versions": {"fa4": ["1.0"]}}),
+                    encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("selector_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.__path_for_tests__ = str(path)
+    return mod
+
+
+H100 = (9, 0)
+
+
+def test_rejected_never_returned_and_latency_orders(sel):
+    got = sel.select_backends(H100, 128)
+    assert "bad" not in got
+    # measured first, by latency; then the unmeasured, by the declared ranking (not by default rank)
+    assert got == ["fa4", "fa3", "fast", "comp", "slow", "decl_b", "decl_a", "fa2"]
+    assert sel.explain(H100, 128)["bad"].startswith("unsupported: causal: rejected (validated): bad refuses everything")
+
+
+def test_test_only_backends_and_cpu_are_not_in_the_selector(sel, matrix):
+    assert "fake_fast" not in sel.select_backends(H100, 128)
+    assert "fake_fast" not in sel.explain(H100, 128)
+    assert sel.ARCHS == ("sm_90", "sm_100")
+    # even a matrix resolved with test-only backends does not leak them into the tables
+    with_fakes = resolve(Evidence(records=records(), rankings=list(RANKINGS), backends=dict(BACKENDS)),
+                         include_test_only=True)
+    assert "fake_fast" not in repr(T.selector_tables(with_fakes).backends)
+
+
+def test_declared_ranking_only_where_unmeasured(sel):
+    # "slow" is listed last by the ranking but was measured on sm_90: latency decides, and measured comes first
+    assert sel.select_backends(H100, 128)[:5] == ["fa4", "fa3", "fast", "comp", "slow"]
+    # on sm_100 "slow" is measured too, so it still leads; the ranking orders the unmeasured ones
+    assert sel.select_backends((10, 0), 128) == ["slow", "decl_b", "decl_a"]
+    # no ranking applies at head size 64: default rank orders them
+    assert sel.select_backends(H100, 64) == ["fa3", "decl_a", "decl_b", "fa2"]
+    e = sel.explain(H100, 128)
+    assert "by declared ranking r1 (PR #1)" in e["decl_b"]
+    assert "by measured latency" in e["fast"] and "latency 1 ms" in e["fast"]
+    assert "by default rank 12" in e["fa2"]
+
+
+def test_composition_needs_every_component_and_reports_every_reason(sel):
+    got = sel.select_backends(H100, 128, softcap=True)
+    assert "fast" in got and "slow" not in got and "comp" not in got
+    e = sel.explain(H100, 128, softcap=True)
+    assert e["slow"].startswith("unsupported: causal+softcap: rejected (validated): softcap: slow says no")
+    assert e["comp"] == "unknown: softcap: no evidence"
+    # two failing components: both reasons are reported
+    e = sel.explain(H100, 128, sinks=True, sliding_window=True)
+    assert e["comp"].startswith("unsupported: ")
+    assert "sinks: comp says no" in e["comp"] and "window: comp says no" in e["comp"]
+    # composed latency is the slowest component's
+    assert "latency 1.3 ms" in sel.explain(H100, 128, page_size=16)["comp"]
+    assert sel.select_backends(H100, 128, page_size=16) == ["comp"]
+
+
+def test_flash_attn_version(sel):
+    assert sel.get_flash_attn_version(H100, head_size=128) == 4
+    assert sel.get_flash_attn_version(H100, head_size=64) == 3
+    # no head size: decide over 64 and 128; fa4 is refused at 64, so the first shared version is 3
+    assert sel.get_flash_attn_version(H100) == 3
+    assert sel.get_flash_attn_version(H100, requires_alibi=True, head_size=128) == 2
+    assert sel.get_flash_attn_version(H100, head_size=96) is None  # no evidence at 96: never a guess
+    assert sel.get_flash_attn_version((7, 5)) is None
+    assert sel.get_flash_attn_version((7, 5), head_size=128) is None
+
+
+def test_mla_prefill_priorities(sel):
+    # fa4 1.0 < fa3 1.5 < trtllm 2.0 measured; sdpa_efficient (fastest) has no vLLM name; flashinfer declared
+    assert sel.get_mla_prefill_backend_priorities((10, 0), 128, 64, 128) == ["FLASH_ATTN", "TRTLLM_RAGGED",
+                                                                             "FLASHINFER"]
+    assert sel.get_mla_prefill_backend_priorities((10, 0), 192, 64, 256) == []
+    assert sel.get_mla_prefill_backend_priorities((12, 0), 128, 64, 128) == []
+    assert sel.get_mla_prefill_backend_priorities(H100, 128, 64, 128) == []
+
+
+def test_unknown_arch_is_conservative(sel):
+    assert sel.select_backends((7, 5), 128) == []
+    assert sel.explain((7, 5), 128) == {}
+
+
+def test_arguments(sel):
+    assert sel.select_backends([9, 0], 128) == sel.select_backends(H100, 128)  # unhashable capability still works
+    assert sel.select_backends(H100, 128, dtype="torch.bfloat16") == sel.select_backends(H100, 128)
+    assert sel.select_backends(H100, 128, dtype="bf16") == sel.select_backends(H100, 128)
+    assert sel.select_backends(H100, 128, dtype="float32") == []
+    assert sel.select_backends(H100, 128.0) == sel.select_backends(H100, 128)
+    for bad in (dict(op="prefil"), dict(capability=(9,)), dict(head_size=0), dict(head_size=128.5),
+                dict(head_size="128"), dict(page_size=True), dict(capability=(9.5, 0))):
+        kw = {"capability": H100, "head_size": 128, **bad}
+        with pytest.raises(ValueError):
+            sel.select_backends(kw.pop("capability"), kw.pop("head_size"), **kw)
+    # each call returns a fresh list: mutating it does not change later answers
+    first = sel.select_backends(H100, 128)
+    first.clear()
+    assert sel.select_backends(H100, 128) != []
+
+
+FLAGS = ("causal", "sliding_window", "softcap", "alibi", "sinks", "gqa", "varlen", "fp8")
+
+
+def _flags(features):
+    kw = {f: any(feature_name(t) == f for t in features) for f in FLAGS}
+    kw["page_size"] = page_size(features)
+    return kw
+
+
+def _policy_order(m, arch, op, dtype, hd, hdv, feats):
+    answers = [answer(m, arch, b, op, dtype, hd, hdv, feats) for b in T.backends_for_arch(m, arch)]
+    return [a.backend for a in order_backends(m, answers, arch, op, dtype, hd, hdv)]
+
+
+def test_every_cell_agrees_with_policy(sel, matrix):
+    """For every cell of the matrix (and every cell's features plus one more), the selector answers as
+    policy.answer + order_backends, and explain matches the generator's reference word for word."""
+    n = 0
+    for cell in matrix.cells.values():
+        c = cell.case
+        if c.arch == "cpu" or T.is_test_only(matrix, c.backend):
+            continue
+        cap = (int(c.arch[3:-1]), int(c.arch[-1]))
+        for extra in (None, "softcap", "sinks", "sliding_window", "alibi"):
+            feats = tuple(sorted(set(c.features) | ({extra} if extra else set())))
+            kw = _flags(feats)
+            got = sel.select_backends(cap, c.head_dim, c.head_dim_v, op=c.op, dtype=c.dtype, **kw)
+            assert got == _policy_order(matrix, c.arch, c.op, c.dtype, c.head_dim, c.head_dim_v, feats), (c.key, extra)
+            q = T.Query(c.arch, c.op, c.dtype, c.head_dim, c.head_dim_v, feats)
+            assert sel.explain(cap, c.head_dim, c.head_dim_v, op=c.op, dtype=c.dtype, **kw) == \
+                T.explain_query(matrix, q)
+            n += 1
+    assert n > 100
+
+
+def test_helpers_agree_with_reference(sel, matrix):
+    for arch, hs, alibi, sinks, local in itertools.product(["sm_90", "sm_100", "sm_75"], [None, 64, 128, 96],
+                                                           [False, True], [False, True], [False, True]):
+        cap = (int(arch[3:-1]), int(arch[-1]))
+        assert sel.get_flash_attn_version(cap, alibi, hs, None, sinks, local) == \
+            T.flash_attn_version(matrix, arch, alibi, hs, None, sinks, local)
+    for arch in ("sm_90", "sm_100"):
+        cap = (int(arch[3:-1]), int(arch[-1]))
+        assert sel.get_mla_prefill_backend_priorities(cap, 128, 64, 128) == \
+            T.mla_prefill_priorities(matrix, arch, 128, 64, 128)
+
+
+def test_selector_imports_no_torch_and_nothing_of_ours(sel):
+    code = textwrap.dedent(f"""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("s", {sel.__path_for_tests__!r})
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mod.select_backends((9, 0), 128)
+        bad = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "attnmatrix", "jinja2")))
+        print(bad)
+        sys.exit(1 if bad else 0)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
