@@ -4,10 +4,17 @@ SDPA has parameters for causal masks, arbitrary masks/biases and GQA only. Softc
 and cu_seqlens varlen have no parameter: those cases are `Unsupported` (attnmatrix's statement about
 the API). Everything else is passed to torch, and what a kernel refuses is recorded in torch's words
 (`sdpa_kernel` restricts dispatch to one kernel, so its refusal is that kernel's).
+
+Masks: causal with seqlen_q == seqlen_k is `is_causal=True`; causal with 1 < seqlen_q < seqlen_k is
+`causal_lower_right` (bottom-right, as the `Problem` defines it; flash and efficient take it without
+a dense mask); a window or ALiBi is a dense (Sq, Sk) mask or float bias, which the flash kernel
+refuses in torch's words (SDPA has no window or ALiBi argument).
 """
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -26,7 +33,11 @@ def _mask(p: Problem) -> tuple[torch.Tensor | None, bool]:
         if not p.causal or sq == 1:
             return None, False  # one decode token, bottom-right aligned, sees every key
         if sq == sk:
-            return None, True
+            return None, True  # top-left and bottom-right coincide
+        if sq < sk:
+            from torch.nn.attention.bias import causal_lower_right
+
+            return causal_lower_right(sq, sk), False
     allowed = mask_for(p, sq, sk, p.q.device)
     if p.alibi_slopes is None:
         return allowed, False
@@ -38,6 +49,31 @@ def _mask(p: Problem) -> tuple[torch.Tensor | None, bool]:
     return bias.to(p.out_dtype).unsqueeze(0), False
 
 
+# How torch names each kernel in the warnings that say why it was not used.
+_KERNEL_WORDS = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient", "CUDNN_ATTENTION": "cudnn",
+                 "MATH": "math"}
+_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\.?\s*$")
+
+
+def _torch_reasons(kernel: str | None, seen: list[warnings.WarningMessage]) -> str:
+    """torch's own reasons from the warnings of a refused call: the restricted kernel's section, else all.
+
+    When no kernel can run, torch warns "<kernel> not used because:" followed by one warning per
+    failed check, for every kernel, and then raises a generic "No available kernel".
+    """
+    msgs = [_TRIGGERED.sub("", str(w.message)).strip() for w in seen]
+    msgs = [m for m in dict.fromkeys(msgs) if m]
+    word = _KERNEL_WORDS.get(kernel or "", "")
+    section: list[str] = []
+    inside = False
+    for m in msgs:
+        if m.endswith("because:"):
+            inside = bool(word) and word in m.lower()
+        if inside:
+            section.append(m)
+    return " ".join(section or msgs)
+
+
 def _prepare(kernel: str | None) -> Callable[[Problem], Callable[[], torch.Tensor]]:
     def prepare(p: Problem) -> Callable[[], torch.Tensor]:
         c = p.case
@@ -47,24 +83,48 @@ def _prepare(kernel: str | None) -> Callable[[Problem], Callable[[], torch.Tenso
                 raise Unsupported(f"scaled_dot_product_attention has no parameter for {what}")
         q, k, v = (t.transpose(1, 2) for t in (p.q, p.k, p.v))
         mask, is_causal = _mask(p)
-        gqa = k.shape[1] != q.shape[1]
-        ctx = None
+        kw = {"attn_mask": mask, "is_causal": is_causal, "scale": p.scale}
+        if k.shape[1] != q.shape[1]:
+            kw["enable_gqa"] = True
+        # The aten op is what F.scaled_dot_product_attention binds to; calling it through torch.ops
+        # leaves a torch frame innermost in a refusal's traceback, so the probe records the refusal
+        # as torch's rather than as an error of this adapter (a C function adds no frame of its own).
+        # A CausalBias mask dispatches in Python (torch/nn/attention/bias.py) from F's entry point.
+        from torch.nn.attention.bias import CausalBias
+
+        sdpa = F.scaled_dot_product_attention if isinstance(mask, CausalBias) \
+            else torch.ops.aten.scaled_dot_product_attention
+        backend = None
         if kernel is not None:
             from torch.nn.attention import SDPBackend
 
-            ctx = getattr(SDPBackend, kernel)
+            backend = getattr(SDPBackend, kernel)
+
+        def run(fn: Callable[..., torch.Tensor]) -> torch.Tensor:
+            if backend is None:
+                return fn(q, k, v, **kw)
+            from torch.nn.attention import sdpa_kernel
+
+            with sdpa_kernel(backend):
+                return fn(q, k, v, **kw)
 
         def call() -> torch.Tensor:
-            kw = {"attn_mask": mask, "is_causal": is_causal, "scale": p.scale}
-            if gqa:
-                kw["enable_gqa"] = True
-            if ctx is None:
-                out = F.scaled_dot_product_attention(q, k, v, **kw)
-            else:
-                from torch.nn.attention import sdpa_kernel
-
-                with sdpa_kernel(ctx):
-                    out = F.scaled_dot_product_attention(q, k, v, **kw)
+            try:
+                out = run(sdpa)
+            except RuntimeError as e:
+                if e.args and isinstance(e.args[0], str) and e.args[0].startswith("No available kernel"):
+                    # torch says why only in warnings, and only F's binding turns them into Python
+                    # warnings (torch.ops prints them to stderr): ask once more through F to read them.
+                    with warnings.catch_warnings(record=True) as seen:
+                        warnings.simplefilter("always")
+                        try:
+                            run(F.scaled_dot_product_attention)
+                        except RuntimeError:
+                            pass
+                    why = _torch_reasons(kernel, seen)
+                    if why:
+                        e.args = (f"{e.args[0]} {why}", *e.args[1:])
+                raise
             return out.transpose(1, 2)
 
         return call
