@@ -59,6 +59,21 @@ def _message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}"[:2000]
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """Memory exhaustion, however it surfaces: torch's CPU allocator raises a plain RuntimeError
+    ("DefaultCPUAllocator: can't allocate memory"), which must not read as an adapter bug."""
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+def device_fault(exc: BaseException) -> bool:
+    """A CUDA error (illegal address, launch failure ...) is a kernel fault, never a refusal, and it
+    leaves the process's CUDA context unusable: every later call fails with the same sticky error."""
+    accel = getattr(torch, "AcceleratorError", None)
+    return (accel is not None and isinstance(exc, accel)) or "CUDA error" in str(exc)
+
+
 def _poison_allocator(device: str) -> None:
     """Fill freed device memory with NaN so an output the kernel never writes shows up as NaN."""
     if device != "cuda":
@@ -99,9 +114,12 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
             torch.cuda.synchronize()
     except Unsupported as e:
         return rec("rejected", reason=f"attnmatrix: the API cannot express this case: {e}", entry=entry)
-    except (MemoryError, torch.OutOfMemoryError) as e:
-        return rec("crash", reason="out of memory: " + _message(e), entry=entry)
     except Exception as e:  # noqa: BLE001 - every failure is an outcome
+        if device_fault(e):
+            # The worker exits after reporting this (see worker.py), so the next case gets a clean context.
+            return rec("crash", reason="kernel fault: " + _message(e), entry=entry, extra={"device_fault": True})
+        if _out_of_memory(e):
+            return rec("crash", reason="out of memory: " + _message(e), entry=entry)
         if _raised_by_library(e):
             return rec("rejected", reason=_message(e), entry=entry)
         return rec("crash", reason="attnmatrix adapter error: " + _message(e),

@@ -99,16 +99,18 @@ class Problem:
         ps = self.page_size or 16
         b, sk, hkv, d = self.k.shape
         nblk = math.ceil(sk / ps)
-        total = b * nblk
-        perm = torch.randperm(total, generator=generator).to(self.k.device)
-        k_cache = torch.zeros((total, ps, hkv, d), dtype=self.k.dtype, device=self.k.device)
-        v_cache = torch.zeros((total, ps, hkv, self.v.shape[-1]), dtype=self.v.dtype, device=self.v.device)
+        pad = nblk * ps - sk
+        perm = torch.randperm(b * nblk, generator=generator)  # on the CPU: no device syncs
         table = perm.view(b, nblk).to(torch.int32)
-        for i in range(b):
-            for j in range(nblk):
-                lo, hi = j * ps, min((j + 1) * ps, sk)
-                k_cache[table[i, j], : hi - lo] = self.k[i, lo:hi]
-                v_cache[table[i, j], : hi - lo] = self.v[i, lo:hi]
+
+        def scatter(x: torch.Tensor) -> torch.Tensor:
+            blocks = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)).reshape(b * nblk, ps, hkv, x.shape[-1])
+            cache = torch.zeros_like(blocks)
+            cache[perm.to(x.device)] = blocks  # block i of the flat order lands in slot perm[i]
+            return cache
+
+        k_cache, v_cache = scatter(self.k), scatter(self.v)
+        table = table.to(self.k.device)
         return k_cache, v_cache, table
 
 

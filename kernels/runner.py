@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
@@ -55,6 +56,21 @@ class RunSummary:
         return sum(self.outcomes.values())
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _libc() -> ctypes.CDLL | None:
+    """libc where prctl(PR_SET_PDEATHSIG) exists (Linux), loaded in the parent, not in the forked child."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl  # noqa: B018 - AttributeError if absent
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
 class _Worker:
     def __init__(self, slot: int, cfg: RunnerConfig):
         self.slot = slot
@@ -68,8 +84,16 @@ class _Worker:
             # Workers sharing a GPU compile in parallel but take turns for timed loops.
             env["ATTNMATRIX_GPU_LOCK"] = os.path.join(tempfile.gettempdir(), f"attnmatrix-gpu{gpu}.lock")
         limit = cfg.memory_limit_mb
+        parent = os.getpid()
+        libc = _libc()
 
         def preexec() -> None:
+            # Die with the runner, even when it is killed with SIGKILL: a worker hung in a kernel must not
+            # outlive the sweep (it would hold the device while the resumed sweep runs).
+            if libc is not None:
+                libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != parent:
+                    os._exit(1)
             if limit:
                 b = limit * 2**20
                 resource.setrlimit(resource.RLIMIT_AS, (b, b))

@@ -28,6 +28,9 @@ def main() -> int:
     from .env import device_provenance
     from .probe import ProbeConfig, kernel_provenance, probe_case
 
+    run_case = probe_case
+    if os.environ.get("ATTNMATRIX_MODE") == "xcompile":  # compile-only probes for an absent arch
+        from .xcompile import worker_record as run_case
     device = os.environ.get("ATTNMATRIX_DEVICE", "cpu")
     base = device_provenance(device)
 
@@ -45,8 +48,10 @@ def main() -> int:
         config = ProbeConfig(**{**cfg, "timed_dtypes": tuple(cfg.get("timed_dtypes", ("bfloat16", "float16")))})
         backend = load_backend(case.backend)
         send({"event": "start", "key": case.key, "provenance": kernel_provenance(backend, base)})
-        record = probe_case(case, config, base, backend)
+        record = run_case(case, config, base, backend)
         send({"event": "result", "record": record.to_dict()})
+        if record.extra.get("device_fault"):
+            return 3  # a faulted CUDA context poisons every later case: let the runner start a fresh worker
     return 0
 
 
