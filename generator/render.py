@@ -25,6 +25,7 @@ import jinja2
 from attnmatrix.matrix import policy
 from attnmatrix.matrix.policy import ResolvedMatrix
 
+from . import plots as P
 from . import tables as T
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -34,6 +35,8 @@ SUPPORT_MATRIX_PATH = "site/support-matrix.md"
 MLA_PREFILL_PATH = "site/mla-prefill.md"
 FA_VERSION_PATH = "site/fa-version.md"
 ARCH_PAGE_DIR = "site/archs"
+CHANGELOG_PATH = "site/changelog.md"
+PLOT_DIR = P.PLOT_DIR
 
 
 class Raw(str):
@@ -202,21 +205,82 @@ def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
     out: dict[str, str] = {}
     kv = dict(h["kernel_versions"])
     pages = T.arch_pages(m)
+    plots = P.plot_index(m)
     out[SUPPORT_MATRIX_PATH] = MD_ENV.get_template("support-matrix.md.j2").render(
         h=h, rows=T.backend_rows(m, kv), grids=T.fastest_grids(m), marks=T.TIER_MARK,
         unsupported=T.UNSUPPORTED_MARK, unknown=T.UNKNOWN_MARK, policy_doc=(policy.__doc__ or "").strip(),
         feature_columns=[c for c, _ in T.FEATURE_COLUMNS], archs=[p.arch for p in pages],
+        plots=list(plots.values()), panels=P.PANELS,
     )
     arch_tpl = MD_ENV.get_template("arch.md.j2")
     for page in pages:
-        out[f"{ARCH_PAGE_DIR}/{page.arch}.md"] = arch_tpl.render(h=h, page=page, marks=T.TIER_MARK)
+        out[f"{ARCH_PAGE_DIR}/{page.arch}.md"] = arch_tpl.render(h=h, page=page, marks=T.TIER_MARK,
+                                                                 plot=plots.get(page.arch), panels=P.PANELS)
     out[MLA_PREFILL_PATH] = MD_ENV.get_template("mla-prefill.md.j2").render(h=h, archs=T.mla_tables(m))
     out[FA_VERSION_PATH] = MD_ENV.get_template("fa-version.md.j2").render(
         h=h, archs=T.fa_tables(m), common=T.FA_COMMON_HEAD_SIZES)
+    out[CHANGELOG_PATH] = render_changelog(m, meta)
     return out
+
+
+# --- changelog ------------------------------------------------------------------------------------
+
+CHANGE_KINDS = (  # diff_matrices' kinds, in page order, with what they mean
+    ("gained", "Gained support", "supported now; unsupported or unknown before"),
+    ("lost", "Lost support", "supported before; unsupported or unknown now"),
+    ("status", "Other status changes", "between unsupported and unknown"),
+    ("tier", "Evidence tier changed", "same status, decided by evidence of another tier"),
+    ("faster", "Faster", "measured latency down by more than the threshold"),
+    ("slower", "Slower", "measured latency up by more than the threshold"),
+    ("added", "New cells", "evidence for a cell the previous matrix had none for"),
+    ("removed", "Removed cells", "the previous matrix had evidence for the cell, this one has none"),
+)
+CHANGELOG_SPEED_THRESHOLD = 0.10  # as `attnmatrix diff`'s default
+CHANGELOG_MAX_ROWS = 300  # per kind; the rest are counted, `attnmatrix diff` lists them all
+
+
+def _previous(meta: dict) -> dict | None:
+    """meta["previous"], checked: {"matrix_id": str, "matrix": ResolvedMatrix, "source": optional str}."""
+    prev = meta.get("previous")
+    if prev is None:
+        return None
+    if not isinstance(prev, dict) or not isinstance(prev.get("matrix"), ResolvedMatrix) \
+            or not prev.get("matrix_id"):
+        raise ValueError("meta: previous must be {'matrix_id': str, 'matrix': ResolvedMatrix, 'source': str}")
+    return {"matrix_id": str(prev["matrix_id"]), "matrix": prev["matrix"], "source": str(prev.get("source") or "")}
+
+
+def render_changelog(m: ResolvedMatrix, meta: dict) -> str:
+    """The changelog page: diff_matrices(previous, current) when meta["previous"] is given, else a page that
+    names the current matrix and says no previous version is recorded."""
+    from attnmatrix.matrix.diff import diff_matrices
+
+    h = _header(m, meta)
+    prev = _previous(meta)
+    ctx: dict = {"h": h, "prev": prev, "kinds": CHANGE_KINDS, "threshold": CHANGELOG_SPEED_THRESHOLD,
+                 "max_rows": CHANGELOG_MAX_ROWS}
+    if prev is not None:
+        def public(key: str) -> bool:
+            b = key.split("/")[1] if key.count("/") >= 1 else ""
+            return not (T.is_test_only(m, b) or T.is_test_only(prev["matrix"], b))
+
+        changes = [c for c in diff_matrices(prev["matrix"], m, speed_threshold=CHANGELOG_SPEED_THRESHOLD)
+                   if public(c.key)]
+        by_kind = {k: sorted((c for c in changes if c.kind == k), key=lambda c: c.key) for k, _, _ in CHANGE_KINDS}
+        per_backend: dict[tuple[str, str], dict[str, int]] = {}
+        for c in changes:
+            arch, backend = (c.key.split("/") + ["", ""])[:2]
+            per_backend.setdefault((arch, backend), {})
+            per_backend[(arch, backend)][c.kind] = per_backend[(arch, backend)].get(c.kind, 0) + 1
+        present = [(k, title) for k, title, _ in CHANGE_KINDS if by_kind[k]]
+        ctx.update(changes=changes, by_kind=by_kind, present=present, per_backend=[
+            (a, b, [counts.get(k, 0) for k, _ in present])
+            for (a, b), counts in sorted(per_backend.items(), key=lambda kv: (policy.arch_sort_key(kv[0][0]), kv[0]))])
+    return MD_ENV.get_template("changelog.md.j2").render(**ctx)
 
 
 def render_all(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
     """Every generated file: {repo-relative path: text}. Byte-identical for the same input."""
-    out = {SELECTOR_PATH: render_selector(m, meta), **render_docs(m, meta)}
+    header = MD_ENV.get_template("_header.md.j2").render(h=_header(m, meta))
+    out = {SELECTOR_PATH: render_selector(m, meta), **render_docs(m, meta), **P.render_plots(m, header)}
     return dict(sorted(out.items()))

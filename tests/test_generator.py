@@ -87,8 +87,8 @@ def load_selector(text: str, tmp_path, name="gen_selector"):
 def test_paths():
     out = render_all(matrix(), META)
     assert sorted(out) == ["attnmatrix/selector.py", "site/archs/cpu.md", "site/archs/sm_100.md",
-                           "site/archs/sm_90.md", "site/fa-version.md", "site/mla-prefill.md",
-                           "site/support-matrix.md"]
+                           "site/archs/sm_90.md", "site/changelog.md", "site/fa-version.md", "site/mla-prefill.md",
+                           "site/plots/sm_90-tflops.svg", "site/support-matrix.md"]
 
 
 def test_deterministic():
