@@ -284,38 +284,56 @@ def _print_probe_summary(summary, out: Path, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--arch", "archs", multiple=True, required=True,
-              help="Target arch(s) to compile for, e.g. sm_100a (repeatable).")
+@click.option("--arch", "archs", multiple=True,
+              help="Target(s) to compile for, repeatable: sm_80, sm_90a, sm_100a, sm_103a, sm_110a, sm_120 "
+                   "(default: all of them).")
 @_space_options
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Result file (default: attnmatrix-results/xcompile-<arch>.jsonl).")
-@click.option("--workers", type=int, default=2, show_default=True)
-@click.option("--timeout", type=float, default=300.0, show_default=True)
+              help="Result file, resumed if it exists (default: attnmatrix-results/xcompile.jsonl).")
+@click.option("--workers", type=int, default=2, show_default=True, help="Compiling processes per target.")
+@click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds per compile.")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="Keep the compiled kernels in FA4's persistent cache here (FLASH_ATTENTION_CUTE_DSL_CACHE_DIR).")
 @click.option("--json", "as_json", is_flag=True)
-def xcompile(archs, backends, head_dims, features_spec, ops, dtypes, out, workers, timeout, as_json) -> None:
-    """Compile-only probes for GPUs that are not present (FlashAttention 4's CuTe DSL).
+def xcompile(archs, backends, head_dims, features_spec, ops, dtypes, out, workers, timeout, cache_dir,
+             as_json) -> None:
+    """Compile-only probes for GPUs that are not present (FlashAttention 4's CuTe DSL, no GPU needed).
 
-    Kernels are built for the target arch inside FakeTensorMode, without a GPU. A successful build is
-    recorded `compiled` (evidence tier `compiled`); the kernel's own refusal is recorded `rejected`
-    with its message. Compiling is not running: the policy ranks a cited upstream negative above it.
+    Each target runs in its own worker processes with FLASH_ATTENTION_ARCH, CUTE_DSL_ARCH and
+    FLASH_ATTENTION_NUM_SMS set; the forward kernel is built under FakeTensorMode and not launched.
+    A build is recorded `compiled` (tier `compiled`, with compile time and cubin size); FA4's own
+    refusal is recorded `rejected` with its message; a crash is contained and recorded. Compiling
+    is not running: the policy ranks a cited upstream negative above a compile.
+
+    \b
+    Example:
+      attnmatrix xcompile --arch sm_100a --head-dims 128,192x128,256,512 --features causal --dtypes bfloat16
     """
     from attnmatrix.kernels import xcompile as xc
 
     names = _check_backends(backends or "fa4", "cuda")
-    total = None
-    for target in archs:
-        try:
-            arch = normalize_arch(target)
-        except CaseError as e:
-            raise UsageError(f"--arch: {e}") from None
-        cases = _build_space(arch, names, head_dims, features_spec, ops, dtypes)
-        path = out or DEFAULT_RESULTS / f"xcompile-{arch}.jsonl"
-        summary = xc.run_xcompile(cases, target, path, workers=workers, timeout_s=timeout,
-                                  progress=None if as_json else lambda rec: None)
+    if names != ["fa4"]:
+        raise UsageError("--backends: only fa4 can be cross-compiled (its CuTe DSL compiles without a GPU)")
+    try:
+        targets = [xc.normalize_target(a) for a in (archs or xc.DEFAULT_TARGETS)]
+    except (CaseError, ValueError) as e:
+        raise UsageError(f"--arch: {e}") from None
+    cases = _build_space(normalize_arch(targets[0]), names, head_dims, features_spec, ops, dtypes)
+    path = out or DEFAULT_RESULTS / "xcompile.jsonl"
+
+    def show(rec) -> None:
+        if not as_json:
+            ex = rec.extra or {}
+            click.echo(f"{rec.provenance.get('target', rec.case.arch):8} {rec.outcome:9} "
+                       f"{ex.get('compile_s', ''):>7} s  {rec.case.key}"
+                       + (f"  | {rec.reason[:120]}" if rec.reason else ""), err=True)
+
+    summaries = xc.xcompile_cases(cases, path, targets, workers=workers, timeout_s=timeout, cache_dir=cache_dir,
+                                  progress=show)
+    for target, summary in summaries.items():
+        if not as_json:
+            click.echo(f"\n{target}")
         _print_probe_summary(summary, path, as_json)
-        total = summary
-    if total is None:
-        raise UsageError("--arch is required")
 
 
 # --- evidence ----------------------------------------------------------------------------------
@@ -365,7 +383,11 @@ def merge(files, out) -> None:
         _report(problems)
         click.echo(f"not written: {out}", err=True)
         sys.exit(EXIT_FAILED)
-    write_records(out, merged)
+    try:
+        write_records(out, merged)
+    except OSError as e:
+        click.echo(f"error: {out}: cannot write: {e.strerror or e}", err=True)
+        sys.exit(EXIT_USAGE)
     click.echo(f"merged {len(ev.records)} records from {len(ev.files)} file(s) into {len(merged)} in {out}")
 
 
