@@ -254,20 +254,6 @@ class SelectorRow:
         return line
 
 
-@dataclass(frozen=True)
-class SelectorRanking:
-    id: str
-    archs: tuple[str, ...]
-    op: str
-    dtype: str | None
-    head_dims: tuple[tuple[int, int], ...]
-    order: tuple[str, ...]
-    sources: tuple[str, ...]
-
-    def as_tuple(self) -> tuple:
-        return (self.id, self.archs, self.op, self.dtype, self.head_dims, self.order, self.sources)
-
-
 @dataclass
 class SelectorTables:
     archs: list[str]
@@ -308,8 +294,9 @@ def selector_tables(m: ResolvedMatrix) -> SelectorTables:
                           None if c.reason is None else sidx[c.reason], _finite(c.latency_ms, k.key),
                           setidx[tuple(sidx[s] for s in c.sources)])
         rows[k.arch][(k.backend, k.op, k.dtype)].append(row.as_line())
-    rankings = [SelectorRanking(r.id, tuple(r.archs), r.op, r.dtype, tuple(r.head_dims), tuple(r.order),
-                                tuple(r.sources)).as_tuple() for r in m.rankings]  # order matters: first applies
+    # What the selector needs of each matrix.evidence.Ranking, in evidence order (the first that applies wins).
+    rankings = [(r.id, tuple(r.archs), r.op, r.dtype, tuple(r.head_dims), tuple(r.order), tuple(r.sources))
+                for r in m.rankings]
     public = sorted(b for b in m.backends if not is_test_only(m, b))
     return SelectorTables(
         archs=archs, strings=strings, source_sets=source_sets,
