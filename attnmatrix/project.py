@@ -15,17 +15,19 @@ class ProjectNotFound(Exception):
 
 def find_root(start: Path | None = None) -> Path:
     """The attnmatrix checkout to generate into: the nearest folder up from `start` (default: the
-    current directory) with `mkdocs.yml` and `matrix/data`, else the checkout this package was
-    installed from (editable installs)."""
+    current directory) with `mkdocs.yml` and `matrix/data`, else, when no `start` was given, the
+    checkout this package was installed from (editable installs). An explicit `start` that is not
+    inside a checkout is an error, never silently replaced by another checkout."""
     candidates = []
     here = (start or Path.cwd()).resolve()
     candidates += [here, *here.parents]
-    candidates.append(Path(__file__).resolve().parent.parent)
+    if start is None:
+        candidates.append(Path(__file__).resolve().parent.parent)
     for c in candidates:
         if (c / "mkdocs.yml").is_file() and (c / "matrix" / "data").is_dir():
             return c
     raise ProjectNotFound(
-        "no attnmatrix checkout found (a folder with mkdocs.yml and matrix/data) from the current directory; "
+        f"no attnmatrix checkout found (a folder with mkdocs.yml and matrix/data) at or above {here}; "
         "run inside a clone or pass --root"
     )
 

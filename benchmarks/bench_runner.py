@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from attnmatrix.kernels.base import load_backend
 from attnmatrix.kernels.env import device_provenance
 from attnmatrix.kernels.probe import ProbeConfig, probe_case

@@ -33,7 +33,8 @@ def attention_flops(
 ) -> int:
     """Forward FLOPs of attention over ragged sequences (one entry per batch element)."""
     assert len(seqlens_q) == len(seqlens_k) == batch
-    pairs = sum(allowed_pairs(sq, sk, causal=causal, window=window) for sq, sk in zip(seqlens_q, seqlens_k, strict=True))
+    pairs = sum(allowed_pairs(sq, sk, causal=causal, window=window)
+                for sq, sk in zip(seqlens_q, seqlens_k, strict=True))
     return 2 * heads * pairs * (head_dim + head_dim_v)
 
 

@@ -131,7 +131,10 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
     err = compare(problem, out, ref)
     ok = err.pop("ok")
     if not ok:
-        what = "NaN in output" if err["nan"] else f"max abs error {err['max_abs_err']:.4g} over tolerance"
+        if err["nan"] or err["max_abs_err"] is None:
+            what = "NaN in output" if err["nan"] else "no finite output"
+        else:
+            what = f"max abs error {err['max_abs_err']:.4g} over tolerance"
         return rec("wrong", reason=f"{what} ({err['mismatched']} of {err['elements']} elements off)",
                    error=err, entry=entry)
     timings: list[Timing] = []

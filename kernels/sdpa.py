@@ -21,6 +21,11 @@ import torch
 import torch.nn.functional as F
 from attnmatrix.matrix.cases import Case
 
+# Imported here, not per case: torch.nn.attention.bias pulls in torch._dynamo (seconds), which must
+# not count against the first case's timeout.
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import CausalBias, causal_lower_right
+
 from .base import Backend
 from .problem import Problem, Unsupported
 from .reference import mask_for
@@ -35,8 +40,6 @@ def _mask(p: Problem) -> tuple[torch.Tensor | None, bool]:
         if sq == sk:
             return None, True  # top-left and bottom-right coincide
         if sq < sk:
-            from torch.nn.attention.bias import causal_lower_right
-
             return causal_lower_right(sq, sk), False
     allowed = mask_for(p, sq, sk, p.q.device)
     if p.alibi_slopes is None:
@@ -90,20 +93,17 @@ def _prepare(kernel: str | None) -> Callable[[Problem], Callable[[], torch.Tenso
         # leaves a torch frame innermost in a refusal's traceback, so the probe records the refusal
         # as torch's rather than as an error of this adapter (a C function adds no frame of its own).
         # A CausalBias mask dispatches in Python (torch/nn/attention/bias.py) from F's entry point.
-        from torch.nn.attention.bias import CausalBias
 
         sdpa = F.scaled_dot_product_attention if isinstance(mask, CausalBias) \
             else torch.ops.aten.scaled_dot_product_attention
         backend = None
         if kernel is not None:
-            from torch.nn.attention import SDPBackend
 
             backend = getattr(SDPBackend, kernel)
 
         def run(fn: Callable[..., torch.Tensor]) -> torch.Tensor:
             if backend is None:
                 return fn(q, k, v, **kw)
-            from torch.nn.attention import sdpa_kernel
 
             with sdpa_kernel(backend):
                 return fn(q, k, v, **kw)

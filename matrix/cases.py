@@ -113,7 +113,7 @@ class Case:
     def __post_init__(self) -> None:
         object.__setattr__(self, "arch", normalize_arch(self.arch))
         object.__setattr__(self, "features", canonical_features(self.features))
-        if not re.fullmatch(r"[a-z0-9_]+", self.backend or ""):
+        if not isinstance(self.backend, str) or not re.fullmatch(r"[a-z0-9_]+", self.backend):
             raise CaseError(f"backend: {self.backend!r} is not a backend name")
         if self.op not in OPS:
             raise CaseError(f"op: {self.op!r} is not one of {', '.join(OPS)}")
@@ -155,6 +155,9 @@ class Case:
         missing = [k for k in ("arch", "backend", "op", "dtype", "head_dim", "head_dim_v") if k not in d]
         if missing:
             raise CaseError(f"case: missing field(s) {', '.join(missing)}")
+        for name in ("arch", "backend", "op", "dtype"):  # 9.0 must not pass for the arch "9.0"
+            if not isinstance(d[name], str):
+                raise CaseError(f"{name}: {d[name]!r} is not a string")
         feats = d.get("features", [])
         if not isinstance(feats, list):
             raise CaseError("features: expected a list of feature tokens")

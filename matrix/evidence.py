@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cases import Case, CaseError, normalize_arch
+from .cases import DTYPES, MAX_HEAD_DIM, OPS, Case, CaseError, normalize_arch
 from .records import Record, RecordError, parse_record
 from .storage import InputError, Problem, iter_result_files, read_records
 
@@ -33,6 +33,7 @@ class Ranking:
     order: tuple[str, ...]
     sources: tuple[str, ...]
     statement: str
+    where: str = ""  # the file it was declared in, for problems
 
     def applies(self, arch: str, op: str, dtype: str, head_dim: int, head_dim_v: int) -> bool:
         return (arch in self.archs and op == self.op and (self.dtype in (None, dtype))
@@ -98,31 +99,81 @@ FACT_FIELDS = ["id", "backend", "archs", "ops", "dtypes", "head_dims", "feature_
 RANKING_FIELDS = ["id", "archs", "op", "head_dims", "order", "sources"]
 
 
+def _head_dim(v: object) -> int:
+    """A ranking's head dim: an int in 1..MAX_HEAD_DIM (not 1.5, not true, not "64")."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_HEAD_DIM:
+        raise CaseError(f"head_dims: {v!r} is not a head dim (an int in 1..{MAX_HEAD_DIM})")
+    return v
+
+
+def _pairs(v: object) -> list:
+    if not isinstance(v, list) or not v or not all(isinstance(x, list) and len(x) == 2 for x in v):
+        raise TypeError(f"head_dims: expected a non-empty list of [head_dim, head_dim_v] pairs, got {v!r}")
+    return v
+
+
+def _bad_axis(fact: dict) -> tuple[str, str] | None:
+    """A fact's axes must be non-empty lists (an empty one would silently declare nothing); head dims pairs."""
+    for name in ("archs", "ops", "dtypes", "head_dims", "feature_sets"):
+        v = fact[name]
+        if not isinstance(v, list) or not v:
+            return name, f"expected a non-empty list, got {v!r}"
+    try:
+        _pairs(fact["head_dims"])
+    except TypeError as e:
+        return "head_dims", str(e).partition(": ")[2]
+    return None
+
+
+def _string(v: object, name: str, choices: list[str] | None = None) -> str:
+    if not isinstance(v, str) or (choices is not None and v not in choices):
+        raise TypeError(f"{name}: {v!r} is not " + (f"one of {', '.join(choices)}" if choices else "a string"))
+    return v
+
+
+def _strings(v: object, name: str) -> tuple[str, ...]:
+    if not isinstance(v, list) or not v or not all(isinstance(x, str) and x for x in v):
+        raise TypeError(f"{name}: expected a non-empty list of non-empty strings, got {v!r}")
+    return tuple(v)
+
+
 def read_declared(path: Path, problems: list[Problem]) -> Evidence:
     ev = Evidence(files=[str(path)])
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except OSError as e:
         raise InputError([Problem(str(path), None, "(file)", f"cannot read: {e.strerror or e}")]) from e
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise InputError([Problem(str(path), None, "(json)", f"not valid UTF-8 JSON: {e}")]) from e
-    if not isinstance(data, dict) or data.get("schema") != 1:
+    if not isinstance(data, dict) or type(data.get("schema")) is not int or data.get("schema") != 1:
         problems.append(Problem(str(path), None, "schema", "expected an object with \"schema\": 1"))
         return ev
     seen: set[str] = set()
-    for i, fact in enumerate(data.get("facts", [])):
+    facts, rankings = data.get("facts", []), data.get("rankings", [])
+    for name, value in (("facts", facts), ("rankings", rankings)):
+        if not isinstance(value, list):
+            problems.append(Problem(str(path), None, name, f"expected a list, got {type(value).__name__}"))
+    for i, fact in enumerate(facts if isinstance(facts, list) else []):
         loc = f"facts[{i}]"
         if not isinstance(fact, dict):
             problems.append(Problem(str(path), None, loc, "not an object"))
             continue
         fid = fact.get("id", loc)
+        if not isinstance(fid, str) or not fid:
+            problems.append(Problem(str(path), None, f"{loc}.id", f"{fid!r} is not a non-empty string"))
+            continue
+        if "id" in fact:  # checked before anything else can stop us, so a broken fact's id is still known
+            if fid in seen:
+                problems.append(Problem(str(path), None, f"{loc}.id", f"duplicate fact id {fid!r}", fid))
+            seen.add(fid)
         missing = [k for k in FACT_FIELDS if k not in fact]
         if missing:
             problems.append(Problem(str(path), None, f"{loc}.{missing[0]}", f"missing ({', '.join(missing)})", fid))
             continue
-        if fid in seen:
-            problems.append(Problem(str(path), None, f"{loc}.id", f"duplicate fact id {fid!r}", fid))
-        seen.add(fid)
+        bad_axis = _bad_axis(fact)
+        if bad_axis:
+            problems.append(Problem(str(path), None, f"{loc}.{bad_axis[0]}", bad_axis[1], fid))
+            continue
         try:
             for rec in expand_fact(fact):
                 ev.add(rec, f"{path}#{fid}")
@@ -130,7 +181,7 @@ def read_declared(path: Path, problems: list[Problem]) -> Evidence:
             problems.extend(Problem(str(path), None, f"{loc}.{f}", m, fid) for f, m in e.problems)
         except (CaseError, TypeError, IndexError, KeyError, ValueError) as e:
             problems.append(Problem(str(path), None, loc, f"cannot expand: {e}", fid))
-    for i, r in enumerate(data.get("rankings", [])):
+    for i, r in enumerate(rankings if isinstance(rankings, list) else []):
         loc = f"rankings[{i}]"
         missing = [k for k in RANKING_FIELDS if not isinstance(r, dict) or k not in r]
         if missing:
@@ -138,12 +189,16 @@ def read_declared(path: Path, problems: list[Problem]) -> Evidence:
             continue
         try:
             ev.rankings.append(Ranking(
-                id=r["id"], archs=tuple(normalize_arch(a) for a in r["archs"]), op=r["op"], dtype=r.get("dtype"),
-                head_dims=tuple((int(a), int(b)) for a, b in r["head_dims"]), order=tuple(r["order"]),
-                sources=tuple(r["sources"]), statement=r.get("statement", ""),
+                id=_string(r["id"], "id"), archs=tuple(normalize_arch(a) for a in _strings(r["archs"], "archs")),
+                op=_string(r["op"], "op", OPS),
+                dtype=None if r.get("dtype") is None else _string(r["dtype"], "dtype", DTYPES),
+                head_dims=tuple((_head_dim(a), _head_dim(b)) for a, b in _pairs(r["head_dims"])),
+                order=_strings(r["order"], "order"), sources=_strings(r["sources"], "sources"),
+                statement=_string(r.get("statement", ""), "statement"), where=str(path),
             ))
         except (CaseError, TypeError, ValueError) as e:
-            problems.append(Problem(str(path), None, loc, f"malformed ranking: {e}", r.get("id")))
+            rid = r.get("id") if isinstance(r.get("id"), str) else None
+            problems.append(Problem(str(path), None, loc, f"malformed ranking: {e}", rid))
     return ev
 
 

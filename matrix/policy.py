@@ -17,10 +17,11 @@ and the docs can show what was overruled and why.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from packaging.version import InvalidVersion, Version
 
 from .cases import Case, feature_name
 from .evidence import Evidence, Ranking
@@ -30,18 +31,18 @@ SUPPORTED, UNSUPPORTED, UNKNOWN = "supported", "unsupported", "unknown"
 
 
 def version_key(v: str | None) -> tuple:
-    """Order versions like PEP 440 for the common cases: 4.0.0b36 < 4.0.0 < 4.0.1, 2.8.3 < 2.8.3.post2."""
+    """Order kernel versions as PEP 440 does (4.0.0b36 < 4.0.0 < 4.0.0.post1 < 4.0.1; 1.0 == 1.0.0;
+    2.11.0+cu130 == 2.11.0).
+
+    A version PEP 440 cannot parse sorts before every parseable one, by its text, so a malformed
+    version never supersedes a real one.
+    """
     if not v:
         return ()
-    v = v.split("+", 1)[0].lower()
-    key: list[tuple[int, int | str]] = []
-    for num, word in re.findall(r"(\d+)|([a-z]+)", v):
-        if num:
-            key.append((1, int(num)))
-        else:
-            # pre-releases sort before the release they precede; post-releases after it
-            key.append((2, 0) if word == "post" else (0, word))
-    return tuple(key + [(1, -1)])  # the release itself ends with a marker between pre and post
+    try:
+        return (1, Version(Version(v).public))  # a local tag (+cu130) is a build of the same version
+    except InvalidVersion:
+        return (0, v)
 
 
 def is_positive(rec: Record) -> bool:

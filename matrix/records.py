@@ -7,7 +7,9 @@ refuse what they do not understand instead of guessing. Parsing collects *every*
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,7 @@ PROVENANCE_REQUIRED = {
     "compiled": ["kernel_version", "date"],
     "declared": ["date"],
 }
+PROVENANCE_STRINGS = ["device", "kernel_version", "torch", "date", "target", "declared_id"]
 
 
 class RecordError(ValueError):
@@ -119,16 +122,33 @@ class Record:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    try:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _non_finite(d: Any) -> list[str]:
+    """Paths of NaN/Infinity values: Python's json reads them, but they are not JSON and cannot be written."""
+    out, stack = [], [("", d)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            out.append(path or "(record)")
+        elif isinstance(v, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
+    return sorted(out)
 
 
 def parse_record(d: Any) -> Record:
     """Build a Record from decoded JSON, or raise RecordError listing every bad field."""
     if not isinstance(d, dict):
         raise RecordError([("(record)", f"expected a JSON object, got {type(d).__name__}")])
-    problems: list[tuple[str, str]] = []
+    problems: list[tuple[str, str]] = [(path, "NaN or Infinity is not a JSON number") for path in _non_finite(d)]
     schema = d.get("schema")
-    if schema != SCHEMA_VERSION:
+    if type(schema) is not int or schema != SCHEMA_VERSION:  # not true, not 1.0
         problems.append(("schema", f"{schema!r} is not a supported schema version (expected {SCHEMA_VERSION})"))
     case = None
     try:
@@ -147,14 +167,19 @@ def parse_record(d: Any) -> Record:
     if not isinstance(prov, dict):
         problems.append(("provenance", "missing or not an object"))
         prov = {}
-    elif tier in TIERS:
-        for k in PROVENANCE_REQUIRED[tier]:
+    else:
+        required = PROVENANCE_REQUIRED[tier] if tier in TIERS else []
+        for k in required:
             if not isinstance(prov.get(k), str) or not prov.get(k):
                 problems.append((f"provenance.{k}", f"required for tier {tier!r}"))
+        # The fields that identify a probe (merge keys, version comparisons) must be strings when present.
+        for k in PROVENANCE_STRINGS:
+            if k in prov and k not in required and not isinstance(prov[k], str):
+                problems.append((f"provenance.{k}", f"{prov[k]!r} is not a string"))
     reason = d.get("reason")
     if reason is not None and not isinstance(reason, str):
         problems.append(("reason", "must be a string"))
-    if outcome not in POSITIVE_OUTCOMES and outcome in OUTCOMES and not reason:
+    if outcome in OUTCOMES and outcome not in POSITIVE_OUTCOMES and not reason:
         problems.append(("reason", f"a {outcome!r} outcome must say why (the kernel's own words)"))
     error = d.get("error")
     if error is not None and not isinstance(error, dict):
@@ -193,7 +218,8 @@ def parse_record(d: Any) -> Record:
     known = {"schema", "case", "outcome", "tier", "provenance", "reason", "error", "timings", "sources",
              "entry", "run_id", "extra"}
     for k in sorted(set(d) - known):
-        problems.append((k, "unknown field"))
+        # Quoted when it could not be read as a field name ("", spaces, newlines): a problem names a field.
+        problems.append((k if re.fullmatch(r"[\w.-]+", k) else json.dumps(k), "unknown field"))
     if problems:
         raise RecordError(problems)
     assert case is not None

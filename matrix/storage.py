@@ -80,6 +80,9 @@ def read_records(path: str | os.PathLike, *, problems: list[Problem] | None = No
         except json.JSONDecodeError as e:
             found.append(Problem(str(p), n, "(json)", f"not valid JSON: {e.msg} at column {e.colno}"))
             continue
+        except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, nesting too deep
+            found.append(Problem(str(p), n, "(json)", f"not valid JSON: {e}"))
+            continue
         try:
             out.append((n, parse_record(obj)))
         except RecordError as e:
@@ -92,7 +95,12 @@ def read_records(path: str | os.PathLike, *, problems: list[Problem] | None = No
 
 def dump_record(rec: Record) -> str:
     """One canonical line: sorted keys, no spaces, so equal records are equal bytes."""
-    return json.dumps(rec.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    line = json.dumps(rec.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (valid JSON escape "\ud800", not UTF-8): keep it escaped
+        line = json.dumps(rec.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return line
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> bool:

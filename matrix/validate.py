@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from .cases import Case
 from .evidence import Evidence
 from .merge import merge_records
 from .storage import Problem
@@ -40,11 +41,12 @@ def validate_evidence(ev: Evidence) -> list[Problem]:
         if len({o for o, _ in items}) > 1:
             f, _ = _split(items[0][1])
             facts = ", ".join(sorted({w.split("#", 1)[-1] + "=" + o for o, w in items}))
-            key = "/".join(str(x) for x in cell[:6])
+            key = Case(*cell).key
             problems.append(Problem(f, None, "facts", f"declared facts disagree for version {ver or 'any'}: {facts}",
                                     key))
     for r in ev.rankings:
         for b in r.order:
             if b not in known:
-                problems.append(Problem("declared", None, f"rankings[{r.id}].order", f"unknown backend {b!r}"))
+                problems.append(Problem(r.where or "declared", None, f"rankings[{r.id}].order",
+                                        f"unknown backend {b!r}"))
     return problems

@@ -1,0 +1,189 @@
+"""The isolated runner, end to end with real worker subprocesses.
+
+One sweep mixes a real CPU kernel with every deliberately broken fake backend; another is killed
+with SIGKILL mid-way and resumed. Worker start-up (importing torch) dominates, so the case count is
+kept small.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from attnmatrix.kernels.probe import ProbeConfig
+from attnmatrix.kernels.runner import RunnerConfig, run_cases
+from attnmatrix.matrix.cases import Case
+from attnmatrix.matrix.storage import ResultStore, read_records
+from click.testing import CliRunner
+
+from attnmatrix.cli import main
+
+FEATS = ("causal",)
+
+
+def _case(backend: str, head_dim: int = 64) -> Case:
+    return Case("cpu", backend, "prefill", "bfloat16", head_dim, head_dim, FEATS)
+
+
+def test_mixed_sweep_every_failure_mode(tmp_path: Path) -> None:
+    backends = ["sdpa_cpu", "fake_segfault", "fake_hang", "fake_nan", "fake_wrong", "fake_raise", "fake_oom"]
+    cases = [_case(b) for b in backends]
+    # The timeout has to cover a real first call on a loaded 2-core machine (sdpa_cpu's first call imports
+    # torch.nn.attention.bias, seconds on its own); fake_hang costs exactly this long.
+    cfg = RunnerConfig(workers=2, timeout_s=15, memory_limit_mb=2000, device="cpu",
+                       probe=ProbeConfig(timing=False, run_id="test-run"))
+    out = tmp_path / "mixed.jsonl"
+    seen = []
+    with ResultStore(out) as store:
+        summary = run_cases(cases + cases[:2], store, cfg, progress=seen.append)  # duplicates are ignored
+    assert summary.total == len(cases) and summary.skipped == 0 and summary.ran == len(cases)
+
+    recs = read_records(out)
+    keys = [r.key for _, r in recs]
+    assert sorted(keys) == sorted(c.key for c in cases) and len(set(keys)) == len(keys)
+    assert sorted(r.key for r in seen) == sorted(keys)
+    by = {r.case.backend: r for _, r in recs}
+    assert {b: r.outcome for b, r in by.items()} == {
+        "sdpa_cpu": "pass", "fake_segfault": "crash", "fake_hang": "timeout", "fake_nan": "wrong",
+        "fake_wrong": "wrong", "fake_raise": "rejected", "fake_oom": "crash",
+    }
+    assert summary.outcomes == Counter({"crash": 2, "wrong": 2, "pass": 1, "rejected": 1, "timeout": 1})
+    # segfault, hang: the worker is replaced (and so is none of the others)
+    assert summary.workers_replaced == 2
+    assert all(r.tier == "validated" and r.run_id == "test-run" for _, r in recs)
+    assert all(r.provenance.get("device") and r.provenance.get("torch") for _, r in recs)
+
+    ok = by["sdpa_cpu"]
+    assert ok.error["nan"] == 0 and ok.error["max_abs_err"] < ok.error["atol"] and ok.timings == ()
+    assert ok.entry == "torch.nn.functional.scaled_dot_product_attention[cpu]"
+
+    assert by["fake_segfault"].reason.startswith("worker killed by signal SIGSEGV while running the case")
+    assert by["fake_hang"].reason == "no result within 15 s (case); worker killed"
+
+    nan = by["fake_nan"]
+    assert nan.error["nan"] == nan.error["elements"] == nan.error["mismatched"] > 0
+    assert nan.reason == f"NaN in output ({nan.error['elements']} of {nan.error['elements']} elements off)"
+
+    wrong = by["fake_wrong"]
+    assert wrong.error["nan"] == 0 and wrong.error["max_abs_err"] > 10 * wrong.error["atol"]
+    assert 0 < wrong.error["mismatched"] <= wrong.error["elements"]
+    assert wrong.reason.startswith(f"max abs error {wrong.error['max_abs_err']:.4g} over tolerance (")
+
+    # the library's own words, verbatim, not attnmatrix's
+    assert by["fake_raise"].reason == "ValueError: fake kernel: head_dim must be a multiple of 7"
+
+    # Under RLIMIT_AS torch's CPU allocator fails first, with a RuntimeError: recorded as out of memory,
+    # not as a refusal and not as an attnmatrix adapter bug.
+    oom = by["fake_oom"].reason
+    assert oom.startswith("out of memory: RuntimeError: ") and "can't allocate memory" in oom, oom
+
+    # Resuming the finished sweep probes nothing.
+    with ResultStore(out) as store:
+        again = run_cases(cases, store, cfg)
+    assert (again.total, again.skipped, again.ran) == (len(cases), len(cases), 0)
+    assert len(out.read_text().splitlines()) == len(cases)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(d))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _tail(tmp_path: Path) -> str:
+    return (tmp_path / "killed-run.log").read_text(errors="replace")[-2000:]
+
+
+PROBE_ARGS = ["probe", "--device", "cpu", "--backends", "sdpa_cpu", "--head-dims", "32,64,80,96,128",
+              "--features", "none,causal,causal+gqa", "--dtypes", "bfloat16", "--no-timing", "--timeout", "120"]
+N_CASES = 5 * 3 * 2  # head dims x feature sets x (prefill, decode)
+
+
+def test_kill_9_then_resume(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.jsonl"
+    cmd = [sys.executable, "-m", "attnmatrix.cli", *PROBE_ARGS, "-o", str(out), "--json"]
+    log = open(tmp_path / "killed-run.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    workers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and proc.poll() is None:
+            workers.update(_children(proc.pid))
+            if out.exists() and out.read_bytes().count(b"\n") >= 3:
+                break
+            time.sleep(0.01)
+        workers.update(_children(proc.pid))
+        assert proc.poll() is None, f"the sweep ended before it could be killed: {_tail(tmp_path)}"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    # The workers outlive their parent only until they next touch their pipes; do not leave them behind.
+    for _ in range(300):
+        if not any(_alive(w) for w in workers):
+            break
+        time.sleep(0.05)
+    for w in workers:
+        if _alive(w):
+            os.kill(w, signal.SIGKILL)
+
+    raw = out.read_bytes()
+    before = raw[: raw.rfind(b"\n") + 1]  # complete lines; a torn tail is cut on resume
+    n_before = before.count(b"\n")
+    assert 3 <= n_before < N_CASES
+
+    result = CliRunner().invoke(main, [*PROBE_ARGS, "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["cases"] == N_CASES
+    assert summary["resumed"] == n_before and summary["probed"] == N_CASES - n_before
+    assert summary["outcomes"] == {"pass": N_CASES - n_before}
+
+    after = out.read_bytes()
+    assert after.startswith(before)  # what was on disk is untouched, not re-run
+    recs = read_records(out)
+    keys = [r.key for _, r in recs]
+    assert len(keys) == N_CASES == len(set(keys))
+    assert all(r.outcome == "pass" for _, r in recs)
+    run_ids = {r.run_id for _, r in recs}
+    assert len(run_ids) == 2  # the killed run's records kept their run id; the rest came from the re-run
+
+
+def _strict(const: str) -> object:
+    raise ValueError(f"{const} is not JSON (RFC 8259)")
+
+
+def test_nan_output_record_is_strict_json() -> None:
+    from attnmatrix.kernels.probe import probe_case
+    from attnmatrix.matrix.storage import dump_record
+
+    rec = probe_case(_case("fake_nan"), ProbeConfig(timing=False), {"date": "2026-11-30", "device": "cpu",
+                                                                   "torch": "x"})
+    assert rec.outcome == "wrong" and rec.error["nan"] > 0
+    json.loads(dump_record(rec), parse_constant=_strict)
