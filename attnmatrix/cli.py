@@ -79,10 +79,17 @@ def _root(root: str | None) -> Path:
 
 def _render(ev: Evidence, root: Path) -> dict[str, str]:
     from attnmatrix.generator import render_all
+    from attnmatrix.matrix.history import SNAPSHOT_FILE, load_snapshot
 
     m = resolve(ev)
     meta = {"matrix_id": project.matrix_id(ev), "kernel_versions": project.kernel_versions(ev),
             "files": project.relative_files(ev, root)}
+    if SNAPSHOT_FILE.exists():
+        try:
+            prev_id, prev = load_snapshot(SNAPSHOT_FILE, ev.backends)
+        except InputError as e:
+            _fail_input(e)
+        meta["previous"] = {"matrix_id": prev_id, "matrix": prev, "source": "matrix/data/history/previous.jsonl"}
     return render_all(m, meta)
 
 
@@ -480,6 +487,26 @@ def _reprobe(ev: Evidence) -> bool:
         return True
     click.echo(f"reprobe: all {len(claims)} validated claims for {arch} still hold")
     return False
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def snapshot(as_json) -> None:
+    """Record the current matrix as the previous version, before adding new evidence.
+
+    The docs' changelog page is the diff from this snapshot (matrix/data/history/previous.jsonl) to
+    the matrix being generated. Take one when a matrix version is published, then commit new results.
+    """
+    from attnmatrix.matrix.history import SNAPSHOT_FILE, dump_snapshot
+
+    ev, problems = _load()
+    if problems:
+        _report(problems)
+        sys.exit(EXIT_FAILED)
+    mid = project.matrix_id(ev)
+    atomic_write_text(SNAPSHOT_FILE, dump_snapshot(resolve(ev), mid))
+    msg = {"matrix_id": mid, "file": str(SNAPSHOT_FILE)}
+    click.echo(json.dumps(msg) if as_json else f"snapshot of matrix {mid} written to {SNAPSHOT_FILE}")
 
 
 # --- reading the matrix ------------------------------------------------------------------------
