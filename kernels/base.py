@@ -43,6 +43,13 @@ class Backend:
 
 # name -> "module:attribute". Lazy, so listing backends imports no kernel library.
 BACKEND_MODULES: dict[str, str] = {
+    "fa2": "attnmatrix.kernels.fa2:FA2",
+    "fa3": "attnmatrix.kernels.fa3:FA3",
+    "fa4": "attnmatrix.kernels.fa4:FA4",
+    "flashinfer": "attnmatrix.kernels.flashinfer:FLASHINFER",
+    "trtllm_ragged": "attnmatrix.kernels.trtllm:TRTLLM_RAGGED",
+    "trtllm_context": "attnmatrix.kernels.trtllm:TRTLLM_CONTEXT",
+    "trtllm_decode": "attnmatrix.kernels.trtllm:TRTLLM_DECODE",
     "sdpa_cpu": "attnmatrix.kernels.sdpa:SDPA_CPU",
     "sdpa_flash": "attnmatrix.kernels.sdpa:SDPA_FLASH",
     "sdpa_efficient": "attnmatrix.kernels.sdpa:SDPA_EFFICIENT",
