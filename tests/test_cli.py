@@ -123,12 +123,13 @@ SHOW_KEYS = {"arch", "backend", "op", "dtype", "head_dim", "head_dim_v", "featur
 
 
 def test_show_json_lines(tmp_path: Path, make_record, write_jsonl) -> None:
-    cpu = dict(arch="cpu", backend="sdpa_cpu", device="Test CPU", kernel_version="2.13.0")
-    f = write_jsonl(tmp_path / "cpu.jsonl", [
-        make_record(**cpu, head_dim=64, latency_ms=[1.0, 2.0, 3.0]),
-        make_record(**cpu, head_dim=128, outcome="rejected", reason="torch: no"),
+    # An arch the embedded matrix has no evidence for, so the two records are the only cells shown.
+    t4 = dict(arch="sm_75", backend="sdpa_flash", device="Tesla T4", kernel_version="2.13.0")
+    f = write_jsonl(tmp_path / "t4.jsonl", [
+        make_record(**t4, head_dim=64, latency_ms=[1.0, 2.0, 3.0]),
+        make_record(**t4, head_dim=128, outcome="rejected", reason="torch: no"),
     ])
-    r = run("show", "--format", "json", "--results", f, "--arch", "cpu")
+    r = run("show", "--format", "json", "--results", f, "--arch", "sm_75")
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert len(rows) == 2
@@ -136,7 +137,7 @@ def test_show_json_lines(tmp_path: Path, make_record, write_jsonl) -> None:
         assert SHOW_KEYS <= set(row), SHOW_KEYS - set(row)
     by = {row["head_dim"]: row for row in rows}
     assert by[64]["status"] == "supported" and by[64]["latency_ms"] == 2.0 and by[64]["tflops"] == 100.0
-    assert by[64]["sources"][0].startswith("validated: Test CPU")
+    assert by[64]["sources"][0].startswith("validated: Tesla T4")
     assert by[128]["status"] == "unsupported" and by[128]["reason"] == "torch: no" and by[128]["latency_ms"] is None
 
 
