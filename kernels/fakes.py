@@ -7,6 +7,7 @@ They run on the CPU and take the same `Problem` as real backends, so every path 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import resource
 import time
 from collections.abc import Callable
@@ -79,3 +80,39 @@ NAN = Backend("fake_nan", "torch", "cpu", ("torch",), _nan, _entry)
 WRONG = Backend("fake_wrong", "torch", "cpu", ("torch",), _wrong, _entry)
 RAISE = Backend("fake_raise", "torch", "cpu", ("torch",), _raise, _entry)
 OOM = Backend("fake_oom", "torch", "cpu", ("torch",), _oom, _entry)
+
+
+# --- fake_chaos: a backend that is right most of the time and fails, now and then, in every way -------------
+#
+# Which cases fail, and how, is a pure function of the case key (a hash), so a sweep, its resumption after a
+# kill and the check of its results all agree on what each case should have produced.
+CHAOS_FAULTS = ("segfault", "hang", "oom", "raise", "nan", "wrong")
+CHAOS_FAULT_PER_MILLE = 100  # ~10% of the cases get a fault, spread evenly over the six kinds
+# The outcome the runner must record for each injected fault (None: the case is computed correctly).
+CHAOS_EXPECTED = {None: "pass", "segfault": "crash", "hang": "timeout", "oom": "crash", "raise": "rejected",
+                  "nan": "wrong", "wrong": "wrong"}
+
+
+def chaos_fault(key: str) -> str | None:
+    """The fault `fake_chaos` injects for the case with this key, or None when it behaves."""
+    bucket = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") % 1000
+    if bucket >= CHAOS_FAULT_PER_MILLE:
+        return None
+    return CHAOS_FAULTS[bucket * len(CHAOS_FAULTS) // CHAOS_FAULT_PER_MILLE]
+
+
+def _correct(p: Problem) -> Callable[[], torch.Tensor]:
+    return lambda: reference_attention(p).to(p.out_dtype)
+
+
+_CHAOS_PREPARE: dict[str | None, Callable[[Problem], Callable[[], torch.Tensor]]] = {
+    None: _correct, "segfault": _segfault, "hang": _hang, "oom": _oom, "raise": _raise, "nan": _nan,
+    "wrong": _wrong,
+}
+
+
+def _chaos(p: Problem) -> Callable[[], torch.Tensor]:
+    return _CHAOS_PREPARE[chaos_fault(p.case.key)](p)
+
+
+CHAOS = Backend("fake_chaos", "torch", "cpu", ("torch",), _chaos, _entry)

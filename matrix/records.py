@@ -146,7 +146,7 @@ def parse_record(d: Any) -> Record:
     """Build a Record from decoded JSON, or raise RecordError listing every bad field."""
     if not isinstance(d, dict):
         raise RecordError([("(record)", f"expected a JSON object, got {type(d).__name__}")])
-    problems: list[tuple[str, str]] = [(path, "NaN or Infinity is not a JSON number") for path in _non_finite(d)]
+    problems: list[tuple[str, str]] = []
     schema = d.get("schema")
     if type(schema) is not int or schema != SCHEMA_VERSION:  # not true, not 1.0
         problems.append(("schema", f"{schema!r} is not a supported schema version (expected {SCHEMA_VERSION})"))
@@ -220,6 +220,8 @@ def parse_record(d: Any) -> Record:
     for k in sorted(set(d) - known):
         # Quoted when it could not be read as a field name ("", spaces, newlines): a problem names a field.
         problems.append((k if re.fullmatch(r"[\w.-]+", k) else json.dumps(k), "unknown field"))
+    named = {f for f, _ in problems}
+    problems += [(path, "NaN or Infinity is not a JSON number") for path in _non_finite(d) if path not in named]
     if problems:
         raise RecordError(problems)
     assert case is not None
