@@ -105,6 +105,11 @@ class ArchPlots:
     def peak_file(self) -> str | None:
         return None if self.peak_path is None else self.peak_path.rsplit("/", 1)[1]
 
+    @property
+    def peak_exceeded(self) -> bool:
+        """Some cell ran faster than the recorded matmul peak: that peak is then an underestimate."""
+        return any((pt.peak_fraction or 0) > 1.0 for _, pts in self.panels for pt in pts)
+
 
 def _peak(cell: ResolvedCell) -> float | None:
     raw = cell.winner.provenance.get(PEAK_FIELD) if cell.winner else None

@@ -262,3 +262,15 @@ def test_changelog_rejects_a_malformed_previous():
         render_changelog(make_matrix(), dict(META, previous={"matrix_id": "x"}))
     with pytest.raises(ValueError, match="previous"):
         render_changelog(make_matrix(), dict(META, previous=make_matrix()))
+
+
+def test_peak_exceeded_flags_an_underestimated_peak() -> None:
+    from attnmatrix.generator.plots import ArchPlots, Panel, Point
+
+    panel = Panel(op="prefill", dtype="bfloat16", features=("causal",), title="t", prose="p")
+
+    def plots(fraction: float) -> ArchPlots:
+        pt = Point("fa4", 128, 128, 500.0, fraction, "H200")
+        return ArchPlots("sm_90", ("fa4",), ("H200",), ((panel, (pt,)),), "site/plots/x.svg", "site/plots/y.svg")
+
+    assert plots(1.1).peak_exceeded and not plots(0.99).peak_exceeded
