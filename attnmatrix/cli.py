@@ -732,8 +732,10 @@ def run(root, results_dir, reprobe, no_probe, workers, timeout) -> None:
         gpus = list(range(torch.cuda.device_count())) if dev == "cuda" else None
         summary = _probe(cases, out, workers=workers, timeout=timeout, memory_limit=None, device=dev, gpus=gpus,
                          timing=True, quiet=False, skip=skip)
-        if summary.total - summary.skipped or out.exists():
+        if out.exists() and out.stat().st_size:  # only records count: an empty file is no evidence
             extra.append(str(out))
+        elif summary.total == summary.skipped:
+            click.echo("nothing new to probe on this machine")
     ev, problems = _load(tuple(extra))
     if problems:
         _report(problems)
