@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from attnmatrix.matrix.diff import diff_matrices
 from attnmatrix.matrix.evidence import Evidence, load_backends
 from attnmatrix.matrix.history import dump_snapshot, load_snapshot
