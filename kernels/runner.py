@@ -77,6 +77,10 @@ class _Worker:
         env = dict(os.environ)
         env.update(cfg.extra_env)
         env["ATTNMATRIX_DEVICE"] = cfg.device
+        if cfg.device == "cpu" and "ATTNMATRIX_CPU_THREADS" not in env:
+            # Split the cores between CPU workers: each torch defaults to all of them, and two workers
+            # on two cores then run slower than one.
+            env["ATTNMATRIX_CPU_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, cfg.workers)))
         env["PYTHONUNBUFFERED"] = "1"
         if cfg.gpus:
             gpu = cfg.gpus[slot % len(cfg.gpus)]

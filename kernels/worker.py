@@ -32,6 +32,11 @@ def main() -> int:
     if os.environ.get("ATTNMATRIX_MODE") == "xcompile":  # compile-only probes for an absent arch
         from .xcompile import worker_record as run_case
     device = os.environ.get("ATTNMATRIX_DEVICE", "cpu")
+    threads = os.environ.get("ATTNMATRIX_CPU_THREADS")
+    if device == "cpu" and threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
     base = device_provenance(device)
 
     def send(obj: dict) -> None:
