@@ -34,35 +34,6 @@ def entry_for(case: Case, module: str) -> str:
     return f"{module}.flash_attn_func"
 
 
-def varlen_unpacker(p: Problem) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Packed (total_q, H, Dv) -> padded (B, Sq, H, Dv), with the indices computed once.
-
-    Same result as `Problem.unpack`, but one kernel instead of a Python loop over the batch, so a
-    timed call measures the attention kernel rather than the unpacking.
-    """
-    b, sq = p.shape.batch, p.shape.seqlen_q
-    lens = [p.valid_q(i) for i in range(b)]
-    if all(n == sq for n in lens):
-        return lambda out: out.view(b, sq, *out.shape[1:])
-    idx = torch.cat([torch.arange(n) + i * sq for i, n in enumerate(lens)]).to(p.q.device)
-
-    def unpack(out: torch.Tensor) -> torch.Tensor:
-        full = out.new_zeros((b * sq, *out.shape[1:]))
-        full.index_copy_(0, idx, out)
-        return full.view(b, sq, *out.shape[1:])
-
-    return unpack
-
-
-def seqlens_k_tensor(p: Problem) -> torch.Tensor:
-    return torch.tensor([p.valid_k(i) for i in range(p.shape.batch)], dtype=torch.int32, device=p.q.device)
-
-
-def page_generator(p: Problem) -> torch.Generator:
-    # A fixed shuffle of the blocks: reproducible, and still not the identity.
-    return torch.Generator().manual_seed(1234 + p.shape.batch)
-
-
 def prepare(p: Problem) -> Callable[[], torch.Tensor]:
     c = p.case
     if c.has("sinks"):
@@ -83,9 +54,9 @@ def prepare(p: Problem) -> Callable[[], torch.Tensor]:
         q, k, v, cu_q, cu_k = p.packed()
         max_q = max(p.valid_q(i) for i in range(b))
         max_k = max(p.valid_k(i) for i in range(b))
-        unpack = varlen_unpacker(p)
+        unpack = p.unpacker()
         if paged:
-            k, v, table = p.paged_kv(page_generator(p))
+            k, v, table = p.paged_kv()
             kw["block_table"] = table
 
         def call() -> torch.Tensor:
@@ -93,8 +64,8 @@ def prepare(p: Problem) -> Callable[[], torch.Tensor]:
 
         return call
     if paged:
-        k_cache, v_cache, table = p.paged_kv(page_generator(p))
-        cache_seqlens = seqlens_k_tensor(p)
+        k_cache, v_cache, table = p.paged_kv()
+        cache_seqlens = p.seqlens_k_tensor()
 
         def call() -> torch.Tensor:
             return fa2.flash_attn_with_kvcache(p.q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=table,

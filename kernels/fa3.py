@@ -23,7 +23,6 @@ import torch
 from attnmatrix.matrix.cases import Case
 
 from .base import Backend
-from .fa2 import page_generator, seqlens_k_tensor, varlen_unpacker
 from .problem import Problem, Unsupported
 
 MODULE = "flash_attn_interface"
@@ -61,11 +60,11 @@ def prepare(p: Problem) -> Callable[[], torch.Tensor]:
             kw[name] = torch.full((b, hkv), s, dtype=torch.float32, device=p.q.device)
     paged, varlen = c.has("paged_kv"), c.has("varlen")
     if paged:
-        k_cache, v_cache, table = p.paged_kv(page_generator(p))
-        kw.update(cache_seqlens=seqlens_k_tensor(p), page_table=table)
+        k_cache, v_cache, table = p.paged_kv()
+        kw.update(cache_seqlens=p.seqlens_k_tensor(), page_table=table)
         if varlen:
             q, _, _, cu_q, _ = p.packed()
-            unpack = varlen_unpacker(p)
+            unpack = p.unpacker()
             kw.update(cu_seqlens_q=cu_q, max_seqlen_q=max(p.valid_q(i) for i in range(b)))
 
             def call() -> torch.Tensor:
@@ -81,7 +80,7 @@ def prepare(p: Problem) -> Callable[[], torch.Tensor]:
         q, k, v, cu_q, cu_k = p.packed()
         max_q = max(p.valid_q(i) for i in range(b))
         max_k = max(p.valid_k(i) for i in range(b))
-        unpack = varlen_unpacker(p)
+        unpack = p.unpacker()
 
         def call() -> torch.Tensor:
             return unpack(_first(fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kw)))

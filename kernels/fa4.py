@@ -44,7 +44,6 @@ import torch
 from attnmatrix.matrix.cases import Case
 
 from .base import Backend
-from .fa2 import page_generator, seqlens_k_tensor, varlen_unpacker
 from .problem import Problem, Unsupported
 
 MODULE = "flash_attn.cute"
@@ -91,18 +90,18 @@ def build_call(p: Problem) -> FA4Call:
     paged, varlen = c.has("paged_kv"), c.has("varlen")
     b = p.shape.batch
     if paged:
-        k_cache, v_cache, table = p.paged_kv(page_generator(p))
-        kw.update(page_table=table, seqused_k=seqlens_k_tensor(p))
+        k_cache, v_cache, table = p.paged_kv()
+        kw.update(page_table=table, seqused_k=p.seqlens_k_tensor())
         if varlen:
             q, _, _, cu_q, _ = p.packed()
             kw.update(cu_seqlens_q=cu_q, max_seqlen_q=max(p.valid_q(i) for i in range(b)))
-            return FA4Call("flash_attn_varlen_func", (q, k_cache, v_cache), kw, varlen_unpacker(p))
+            return FA4Call("flash_attn_varlen_func", (q, k_cache, v_cache), kw, p.unpacker())
         return FA4Call("flash_attn_varlen_func", (p.q, k_cache, v_cache), kw)
     if varlen:
         q, k, v, cu_q, cu_k = p.packed()
         kw.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(p.valid_q(i) for i in range(b)),
                   max_seqlen_k=max(p.valid_k(i) for i in range(b)))
-        return FA4Call("flash_attn_varlen_func", (q, k, v), kw, varlen_unpacker(p))
+        return FA4Call("flash_attn_varlen_func", (q, k, v), kw, p.unpacker())
     return FA4Call("flash_attn_func", (p.q, p.k, p.v), kw)
 
 

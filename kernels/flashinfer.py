@@ -41,7 +41,6 @@ import torch
 from attnmatrix.matrix.cases import Case
 
 from .base import Backend
-from .fa2 import page_generator, varlen_unpacker
 from .problem import Problem, Unsupported
 
 LIBRARY = "flashinfer-python"
@@ -86,7 +85,7 @@ def kv_lens(p: Problem) -> list[int]:
 
 def paged_cache(p: Problem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(k_cache, v_cache, block_table, page_size), NHD pages in a shuffled order."""
-    k_cache, v_cache, table = p.paged_kv(page_generator(p))
+    k_cache, v_cache, table = p.paged_kv()
     return k_cache, v_cache, table, k_cache.shape[1]
 
 
@@ -171,7 +170,7 @@ def _prepare_prefill(p: Problem) -> Callable[[], torch.Tensor]:
     _check_alibi(p, api)
     pre = importlib.import_module(f"{MODULE}.prefill")
     q, k, v, cu_q, cu_k = p.packed()
-    unpack = varlen_unpacker(p)
+    unpack = p.unpacker()
     hq, hkv, d, dv = p.q.shape[2], p.k.shape[2], p.q.shape[-1], p.v.shape[-1]
     plan_kw = {**_common_plan(p), "causal": causal, "window_left": left}
     run_kw = _scales(p, "q_scale", "k_scale", "v_scale")

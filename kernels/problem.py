@@ -14,6 +14,7 @@ the same problem" holds by construction. Conventions follow flash-attention's, w
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -83,19 +84,36 @@ class Problem:
         dev = self.q.device
         return torch.cat(qs), torch.cat(ks), torch.cat(vs), cu_q.to(dev), cu_k.to(dev)
 
+    def unpacker(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A function from packed (total_q, H, Dv) output to (B, Sq, H, Dv), rows past a sequence's
+        end zero. The indices are computed here, once, so a timed call runs one copy kernel and no
+        Python loop over the batch."""
+        b, sq = self.shape.batch, self.shape.seqlen_q
+        lens = [self.valid_q(i) for i in range(b)]
+        if all(n == sq for n in lens):
+            return lambda out: out.view(b, sq, *out.shape[1:])
+        idx = torch.cat([torch.arange(n) + i * sq for i, n in enumerate(lens)]).to(self.q.device)
+
+        def unpack(out: torch.Tensor) -> torch.Tensor:
+            full = out.new_zeros((b * sq, *out.shape[1:]))
+            full.index_copy_(0, idx, out)
+            return full.view(b, sq, *out.shape[1:])
+
+        return unpack
+
     def unpack(self, out_packed: torch.Tensor) -> torch.Tensor:
-        """Packed (total_q, H, Dv) output back to (B, Sq, H, Dv), rows past a sequence's end zero."""
-        out = torch.zeros(self.q.shape[:3] + (self.v.shape[-1],), dtype=out_packed.dtype, device=out_packed.device)
-        start = 0
-        for i in range(self.shape.batch):
-            n = self.valid_q(i)
-            out[i, :n] = out_packed[start: start + n]
-            start += n
-        return out
+        return self.unpacker()(out_packed)
+
+    def seqlens_k_tensor(self) -> torch.Tensor:
+        """Valid key lengths per batch element, int32 on the problem's device (cache_seqlens, seqused_k)."""
+        return torch.tensor([self.valid_k(i) for i in range(self.shape.batch)], dtype=torch.int32,
+                            device=self.q.device)
 
     def paged_kv(self, generator: torch.Generator | None = None):
         """(k_cache, v_cache, block_table) with blocks in a shuffled order, so a kernel that ignores
-        the table reads the wrong keys and fails validation."""
+        the table reads the wrong keys and fails validation. The default shuffle is fixed per batch
+        size: reproducible, and still not the identity."""
+        generator = generator or torch.Generator().manual_seed(1234 + self.shape.batch)
         ps = self.page_size or 16
         b, sk, hkv, d = self.k.shape
         nblk = math.ceil(sk / ps)

@@ -44,7 +44,6 @@ import torch
 from attnmatrix.matrix.cases import Case
 
 from .base import Backend
-from .fa2 import seqlens_k_tensor, varlen_unpacker
 from .flashinfer import (
     LIBRARY,
     MODULE,
@@ -84,12 +83,12 @@ def prepare_ragged(p: Problem) -> Callable[[], torch.Tensor]:
     causal, left = causal_and_left(p, RAGGED)
     pre = importlib.import_module(f"{MODULE}.prefill")
     q, k, v, cu_q, cu_k = p.packed()
-    unpack = varlen_unpacker(p)
+    unpack = p.unpacker()
     bmm1, bmm2 = _scales(p)
     ws = workspace(p)
     out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=p.out_dtype, device=q.device)
     kw = {
-        "seq_lens": seqlens_k_tensor(p), "max_q_len": _max_q(p), "max_kv_len": max(kv_lens(p)),
+        "seq_lens": p.seqlens_k_tensor(), "max_q_len": _max_q(p), "max_kv_len": max(kv_lens(p)),
         "bmm1_scale": bmm1, "bmm2_scale": bmm2,
         "o_sf_scale": 1.0,  # scale of FP4 output scale factors; unused for bf16/fp16 output
         "batch_size": p.shape.batch, "window_left": left, "cum_seq_lens_q": cu_q, "cum_seq_lens_kv": cu_k,
@@ -111,7 +110,7 @@ def prepare_context(p: Problem) -> Callable[[], torch.Tensor]:
     w_right = -1 if right is None or causal else right
     pre = importlib.import_module(f"{MODULE}.prefill")
     q, _, _, cu_q, cu_k = p.packed()
-    unpack = varlen_unpacker(p)
+    unpack = p.unpacker()
     k_cache, v_cache, table, _ = paged_cache(p)
     bmm1, bmm2 = _scales(p)
     ws = workspace(p)
@@ -121,7 +120,7 @@ def prepare_context(p: Problem) -> Callable[[], torch.Tensor]:
         "window_right": w_right, "out_dtype": p.out_dtype, "kv_layout": KV_LAYOUT, "sinks": p.sinks,
         "causal": causal,
     }
-    seq_lens = seqlens_k_tensor(p)
+    seq_lens = p.seqlens_k_tensor()
 
     def call() -> torch.Tensor:
         return unpack(pre.trtllm_batch_context_with_kv_cache(q, (k_cache, v_cache), ws, table, seq_lens, **kw))
@@ -147,7 +146,7 @@ def prepare_decode(p: Problem) -> Callable[[], torch.Tensor]:
         "max_seq_len": max(kv_lens(p)), "bmm1_scale": bmm1, "bmm2_scale": bmm2, "window_left": window_left(p),
         "out_dtype": p.out_dtype, "sinks": p.sinks, "kv_layout": KV_LAYOUT, "backend": "auto",
     }
-    seq_lens = seqlens_k_tensor(p)
+    seq_lens = p.seqlens_k_tensor()
 
     def call() -> torch.Tensor:
         out = dec.trtllm_batch_decode_with_kv_cache(q, (k_cache, v_cache), ws, table, seq_lens, **kw)
