@@ -61,10 +61,6 @@ def normalize_arch(arch: str) -> str:
     raise CaseError(f"arch: {arch!r} is not an arch (expected e.g. sm_90, sm_100a, 9.0 or cpu)")
 
 
-def arch_of_capability(capability: Sequence[int]) -> str:
-    major, minor = capability
-    return f"sm_{major}{minor}"
-
 
 def canonical_features(features: Iterable[str]) -> tuple[str, ...]:
     """Validate feature tokens and return them sorted and de-duplicated."""

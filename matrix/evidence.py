@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cases import DTYPES, MAX_HEAD_DIM, OPS, Case, CaseError, normalize_arch
+from .cases import DTYPES, MAX_HEAD_DIM, OPS, CaseError, normalize_arch
 from .records import Record, RecordError, parse_record
 from .storage import InputError, Problem, iter_result_files, read_records
 
@@ -226,7 +226,3 @@ def load_evidence(
     if found and problems is None:
         raise InputError(found)
     return ev
-
-
-def cases_of(ev: Evidence) -> set[Case]:
-    return {r.case for r in ev.records}

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
 
-from .cases import Case, feature_name
+from .cases import Case
 from .evidence import Evidence, Ranking
 from .records import POSITIVE_OUTCOMES, UNINFORMATIVE_OUTCOMES, Record
 
@@ -171,16 +171,6 @@ class ResolvedMatrix:
     rankings: list[Ranking]
     backends: dict[str, dict]
 
-    def select(self, **filters: object) -> list[ResolvedCell]:
-        """Cells whose case fields equal the given values (`features` compares as a tuple)."""
-        out = []
-        for cell in self.cells.values():
-            c = cell.case
-            if all((tuple(v) if k == "features" else v) == getattr(c, k) for k, v in filters.items()
-                   if v is not None):
-                out.append(cell)
-        return sorted(out, key=lambda x: x.case)
-
     @property
     def archs(self) -> list[str]:
         return sorted({c.case.arch for c in self.cells.values()}, key=arch_sort_key)
@@ -302,7 +292,3 @@ def features_of(*, causal: bool, sliding_window: bool = False, softcap: bool = F
     if page_size:
         toks.append(f"paged_kv:{page_size}")
     return tuple(sorted(toks))
-
-
-def feature_names(tokens: Iterable[str]) -> list[str]:
-    return [feature_name(t) for t in tokens]
