@@ -61,6 +61,7 @@ BACKEND_MODULES: dict[str, str] = {
     "fake_wrong": "attnmatrix.kernels.fakes:WRONG",
     "fake_raise": "attnmatrix.kernels.fakes:RAISE",
     "fake_oom": "attnmatrix.kernels.fakes:OOM",
+    "fake_device_fault": "attnmatrix.kernels.fakes:DEVICE_FAULT",
     "fake_chaos": "attnmatrix.kernels.fakes:CHAOS",
 }
 

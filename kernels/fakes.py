@@ -1,7 +1,7 @@
 """Deliberately broken backends for testing the runner: each fails the way real kernels do.
 
 They run on the CPU and take the same `Problem` as real backends, so every path of the runner
-(crash, hang, NaN, wrong values, refusal, out-of-memory) is exercised end to end.
+(crash, hang, NaN, wrong values, refusal, out-of-memory, a sticky device fault) is exercised end to end.
 """
 
 from __future__ import annotations
@@ -70,6 +70,18 @@ def _oom(p: Problem) -> Callable[[], torch.Tensor]:
     return call
 
 
+def _device_fault(p: Problem) -> Callable[[], torch.Tensor]:
+    """Head dim 64 faults the way an out-of-bounds kernel does on a GPU (the error is sticky there, so
+    the worker exits after reporting it); every other head dim is computed correctly."""
+    if p.q.shape[-1] != 64:
+        return lambda: reference_attention(p).to(p.out_dtype)
+
+    def call() -> torch.Tensor:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (fake kernel)")
+
+    return call
+
+
 def _entry(case) -> str:
     return "fake"
 
@@ -80,6 +92,7 @@ NAN = Backend("fake_nan", "torch", "cpu", ("torch",), _nan, _entry)
 WRONG = Backend("fake_wrong", "torch", "cpu", ("torch",), _wrong, _entry)
 RAISE = Backend("fake_raise", "torch", "cpu", ("torch",), _raise, _entry)
 OOM = Backend("fake_oom", "torch", "cpu", ("torch",), _oom, _entry)
+DEVICE_FAULT = Backend("fake_device_fault", "torch", "cpu", ("torch",), _device_fault, _entry)
 
 
 # --- fake_chaos: a backend that is right most of the time and fails, now and then, in every way -------------

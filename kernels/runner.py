@@ -203,13 +203,32 @@ def run_cases(
         if progress:
             progress(rec)
 
+    def drop(w: _Worker) -> None:
+        sel.unregister(w.proc.stdout)
+        w.kill()
+        slots[w.slot] = None
+
+    requeued: Counter = Counter()
+
+    def requeue(w: _Worker) -> bool:
+        """A worker that died before it said `start` never touched its case (it died of an earlier
+        case, e.g. a sticky CUDA fault, or at start-up): give the case to a fresh worker instead of
+        blaming it. Twice at most, so a worker that cannot start at all still ends the sweep."""
+        assert w.case is not None
+        if w.case_prov is not None or requeued[w.case.key] >= 2:
+            return False
+        requeued[w.case.key] += 1
+        todo.appendleft(w.case)
+        w.case = None
+        drop(w)
+        summary.workers_replaced += 1
+        return True
+
     def retire(w: _Worker, outcome: str, reason: str) -> None:
         assert w.case is not None
         rec = Record(case=w.case, outcome=outcome, tier="validated", provenance=_fallback_provenance(w),
                      reason=reason, run_id=cfg.probe.run_id)
-        sel.unregister(w.proc.stdout)
-        w.kill()
-        slots[w.slot] = None
+        drop(w)
         summary.workers_replaced += 1
         finish(w, rec)
 
@@ -225,8 +244,9 @@ def run_cases(
                     except BrokenPipeError:
                         w = slots[i]
                         w.proc.wait()
-                        retire(w, "crash", f"worker {_exit_description(w.proc.returncode)} before taking the "
-                               f"case; stderr tail: {w.stderr_tail()}")
+                        if not requeue(w):
+                            retire(w, "crash", f"worker {_exit_description(w.proc.returncode)} before taking "
+                                   f"the case; stderr tail: {w.stderr_tail()}")
             busy = [w for w in slots if w and w.case]
             if not busy:
                 continue
@@ -241,17 +261,18 @@ def run_cases(
                         w.case_prov = ev["provenance"]
                         w.deadline = time.monotonic() + cfg.timeout_s
                     elif ev["event"] == "result" and w.case is not None:
-                        finish(w, parse_record(ev["record"]))
+                        rec = parse_record(ev["record"])
+                        finish(w, rec)
+                        if rec.extra.get("device_fault"):
+                            drop(w)  # it exits now (worker.py): it must not be handed the next case
                 if eof and slots[w.slot] is w:
                     w.proc.wait()
-                    if w.case is not None:
+                    if w.case is not None and not requeue(w):
                         tail = w.stderr_tail()
                         retire(w, "crash", f"worker {_exit_description(w.proc.returncode)} while running "
                                f"the case" + (f"; stderr tail: {tail}" if tail else ""))
-                    else:
-                        sel.unregister(w.proc.stdout)
-                        w.kill()
-                        slots[w.slot] = None
+                    elif slots[w.slot] is w:
+                        drop(w)
             now = time.monotonic()
             for w in list(slots):
                 if w and w.case is not None and now > w.deadline:

@@ -53,11 +53,34 @@ def main() -> int:
         config = ProbeConfig(**{**cfg, "timed_dtypes": tuple(cfg.get("timed_dtypes", ("bfloat16", "float16")))})
         backend = load_backend(case.backend)
         send({"event": "start", "key": case.key, "provenance": kernel_provenance(backend, base)})
-        record = run_case(case, config, base, backend)
+        record = _run_with_memory_retry(run_case, case, config, base, backend, device)
         send({"event": "result", "record": record.to_dict()})
         if record.extra.get("device_fault"):
             return 3  # a faulted CUDA context poisons every later case: let the runner start a fresh worker
     return 0
+
+
+def _run_with_memory_retry(run_case, case, config, base, backend, device: str):
+    """Run a case; on a GPU shared by several workers, an out-of-memory error is usually another
+    process's cached memory, not the kernel's need: hand our cache back, wait, try again (3 tries)."""
+    if device != "cuda":
+        return run_case(case, config, base, backend)
+    import time
+
+    import torch
+
+    for attempt in range(3):
+        try:
+            record = run_case(case, config, base, backend)
+            if not (record.outcome == "crash" and (record.reason or "").startswith("out of memory")) or attempt == 2:
+                return record
+        except torch.OutOfMemoryError:
+            if attempt == 2:
+                raise
+        finally:
+            torch.cuda.empty_cache()  # every worker keeps only what its current case needs
+        time.sleep(5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 if __name__ == "__main__":

@@ -187,3 +187,41 @@ def test_nan_output_record_is_strict_json() -> None:
                                                                    "torch": "x"})
     assert rec.outcome == "wrong" and rec.error["nan"] > 0
     json.loads(dump_record(rec), parse_constant=_strict)
+
+
+def test_a_device_fault_is_blamed_on_its_own_case_only(tmp_path: Path) -> None:
+    """A sticky device fault ends its worker right after the result (worker.py). The cases behind it
+    must go to a fresh worker, not be recorded as crashes of a worker that died before taking them:
+    on the H200 this once turned one FA4 fault into 22 false `crash` records."""
+    cases = [_case("fake_device_fault", hd) for hd in (64, 32, 128, 96, 80, 160)]
+    cfg = RunnerConfig(workers=1, timeout_s=60, device="cpu", probe=ProbeConfig(timing=False, run_id="t"))
+    with ResultStore(tmp_path / "f.jsonl") as store:
+        summary = run_cases(cases, store, cfg)
+    by = {r.case.head_dim: r for _, r in read_records(tmp_path / "f.jsonl")}
+    assert sorted(by) == [32, 64, 80, 96, 128, 160]
+    assert by[64].outcome == "crash" and by[64].reason.startswith("kernel fault: ")
+    assert {hd: r.outcome for hd, r in by.items() if hd != 64} == dict.fromkeys((32, 80, 96, 128, 160), "pass")
+    assert summary.outcomes == Counter({"pass": 5, "crash": 1})
+
+
+def test_out_of_memory_on_a_shared_gpu_is_retried_not_recorded(monkeypatch) -> None:
+    """Workers sharing a GPU hold each other's cached memory: an OOM is retried (cache handed back,
+    a pause) before it may become a record, and a third OOM is recorded as such."""
+    from attnmatrix.kernels import worker
+    from attnmatrix.matrix.records import Record
+
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    case = _case("sdpa_cpu")
+
+    def flaky(outcomes):
+        it = iter(outcomes)
+        return lambda c, cfg, base, backend: Record(case=c, outcome=(o := next(it)), tier="validated",
+                                                    provenance={"device": "x"},
+                                                    reason="out of memory: CUDA" if o == "crash" else None)
+
+    rec = worker._run_with_memory_retry(flaky(["crash", "pass"]), case, None, {}, None, "cuda")
+    assert rec.outcome == "pass"
+    rec = worker._run_with_memory_retry(flaky(["crash", "crash", "crash", "pass"]), case, None, {}, None, "cuda")
+    assert rec.outcome == "crash" and rec.reason.startswith("out of memory")
+    rec = worker._run_with_memory_retry(flaky(["crash", "pass"]), case, None, {}, None, "cpu")
+    assert rec.outcome == "crash"  # on the CPU the limit is the worker's own: no retry
