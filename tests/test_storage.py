@@ -193,3 +193,17 @@ def test_iter_result_files(tmp_path: Path) -> None:
         (d / n).write_text("")
     single = tmp_path / "x.json"
     assert list(iter_result_files([d, single])) == [d / "a.jsonl", d / "b.jsonl", single]
+
+
+def test_atomic_write_gives_an_ordinary_file_mode(tmp_path) -> None:
+    import os
+    import stat
+
+    from attnmatrix.matrix.storage import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "page.md", "x\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "page.md").stat().st_mode) == 0o644
