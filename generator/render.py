@@ -27,6 +27,8 @@ from attnmatrix.matrix.policy import ResolvedMatrix
 
 from . import plots as P
 from . import tables as T
+from . import vllm_comparison as VC
+from . import vllm_rules as VR
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -36,6 +38,7 @@ MLA_PREFILL_PATH = "site/mla-prefill.md"
 FA_VERSION_PATH = "site/fa-version.md"
 ARCH_PAGE_DIR = "site/archs"
 CHANGELOG_PATH = "site/changelog.md"
+VLLM_COMPARISON_PATH = "site/vllm-comparison.md"
 PLOT_DIR = P.PLOT_DIR
 
 
@@ -220,7 +223,17 @@ def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
     out[FA_VERSION_PATH] = MD_ENV.get_template("fa-version.md.j2").render(
         h=h, archs=T.fa_tables(m), common=T.FA_COMMON_HEAD_SIZES)
     out[CHANGELOG_PATH] = render_changelog(m, meta)
+    out[VLLM_COMPARISON_PATH] = render_vllm_comparison(m, meta)
     return out
+
+
+def render_vllm_comparison(m: ResolvedMatrix, meta: dict) -> str:
+    """vLLM's choices next to attnmatrix's, the disagreements and the selection regret (generator.vllm_comparison)."""
+    return MD_ENV.get_template("vllm-comparison.md.j2").render(
+        h=_header(m, meta), page=VC.comparison_page(m), kinds=VC.KINDS, fa_builds=VC.fa_builds(),
+        fa_default=sorted(VR.FA_DEFAULT.items()), fa_fallback=VR.FA_FALLBACK_DEFAULT, fa_rules=VC.fa_rule_rows(),
+        mla_priorities=VC.mla_priority_rows(), mla_limits=VC.mla_limit_rows(), mapping=VC.mapping_rows(),
+        sources=list(VR.VLLM_SOURCES))
 
 
 # --- changelog ------------------------------------------------------------------------------------

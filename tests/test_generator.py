@@ -88,7 +88,7 @@ def test_paths():
     out = render_all(matrix(), META)
     assert sorted(out) == ["attnmatrix/selector.py", "site/archs/cpu.md", "site/archs/sm_100.md",
                            "site/archs/sm_90.md", "site/changelog.md", "site/fa-version.md", "site/mla-prefill.md",
-                           "site/plots/sm_90-tflops.svg", "site/support-matrix.md"]
+                           "site/plots/sm_90-tflops.svg", "site/support-matrix.md", "site/vllm-comparison.md"]
 
 
 def test_deterministic():

@@ -33,7 +33,8 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
 # Generated pages of the real site: the copy gets the hand-built matrix's instead.
-GENERATED = ("support-matrix.md", "mla-prefill.md", "fa-version.md", "changelog.md", "archs", "plots")
+GENERATED = ("support-matrix.md", "mla-prefill.md", "fa-version.md", "changelog.md", "vllm-comparison.md", "archs",
+             "plots")
 
 pytestmark = [
     pytest.mark.skipif(not CHROMIUM.is_file(),

@@ -25,7 +25,7 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     for page in ("index.html", "quickstart/index.html", "support-matrix/index.html", "policy/index.html",
                  "mla-prefill/index.html", "fa-version/index.html", "contributing/index.html", "ci/index.html",
-                 "selector-api/index.html", "changelog/index.html"):
+                 "selector-api/index.html", "changelog/index.html", "vllm-comparison/index.html"):
         assert (out / page).is_file(), page
     for arch_page in sorted((REPO / "site" / "archs").glob("*.md")):
         assert (out / "archs" / arch_page.stem / "index.html").is_file(), arch_page.name

@@ -1,0 +1,421 @@
+"""vLLM's choice next to attnmatrix's, for every cell the matrix has evidence for, and the selection regret.
+
+Plain tables for `site/vllm-comparison.md`, built from a ResolvedMatrix (through `generator.tables`' query
+helpers, i.e. `matrix.policy`) and from `generator.vllm_rules` (what vLLM would choose). Nothing is
+hard-coded about the evidence: regenerate after new results arrive and the page follows.
+
+- A *compared cell* is one (arch, op, dtype, head dims, feature set) key that has a resolved cell on a GPU
+  arch. For prefill and decode the decision compared is the FlashAttention version (vLLM's
+  `get_flash_attn_version` against attnmatrix's first FlashAttention backend for that exact query); for
+  mla_prefill it is the MLA prefill backend (vLLM's `get_mla_prefill_backend` against attnmatrix's first
+  backend with a vLLM MLA prefill name). A cell is *covered* when the evidence says something about the
+  decision: attnmatrix has a supported candidate, or vLLM's pick has evidence (supported or not) there.
+- *Regret* of a choice on a *measured cell* (at least two validated, timed backends for that exact query):
+  latency(choice) / latency(fastest validated backend, any backend). attnmatrix's choice is
+  `select_backends(...)[0]`, which orders by measured latency, so its regret is 1.00 by construction (the
+  tests check it); vLLM's is computed where its pick is measured and counted otherwise.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from attnmatrix.matrix.cases import OPS
+from attnmatrix.matrix.policy import SUPPORTED, UNKNOWN, UNSUPPORTED, Answer, ResolvedMatrix, answer, arch_sort_key
+
+from . import tables as T
+from . import vllm_rules as V
+
+FA_DECISION, MLA_DECISION = "FlashAttention version", "MLA prefill backend"
+# Why attnmatrix and vLLM disagree, in page order: (kind, column header, what it means).
+KINDS = (
+    ("slower", "vLLM's pick slower", "both measured, vLLM's pick slower"),
+    ("unmeasured", "vLLM's pick unmeasured", "vLLM's pick supported but unmeasured, attnmatrix's measured"),
+    ("unsupported", "vLLM's pick unsupported", "vLLM's pick is unsupported by the evidence"),
+    ("no_evidence", "no evidence for vLLM's pick", "no evidence for vLLM's pick here"),
+    ("vllm_none", "vLLM has no choice", "vLLM has no (probed) choice"),
+    ("by_rank", "neither measured", "neither measured: attnmatrix orders by declared ranking or default rank"),
+)
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One backend's standing on one query."""
+
+    backend: str | None
+    status: str  # supported / unsupported / unknown; "none" when there is no backend
+    tier: str | None
+    latency_ms: float | None
+    tflops: float | None  # only where the exact cell answers (a composed answer has no one FLOP count)
+    reason: str  # why not supported, or how it was ordered when supported
+
+    @property
+    def measured(self) -> bool:
+        return self.status == SUPPORTED and self.latency_ms is not None
+
+
+NO_PICK = Pick(None, "none", None, None, None, "")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    arch: str
+    op: str
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    features: tuple[str, ...]
+    decision: str
+    vllm: V.VllmChoice
+    vllm_pick: Pick
+    amx_pick: Pick  # attnmatrix's first candidate of the same family (FlashAttention / vLLM MLA-named)
+    first: Pick  # attnmatrix's first choice overall (select_backends(...)[0])
+    fastest: Pick | None  # the fastest validated, timed backend, if any
+    n_timed: int  # validated, timed backends for this exact query
+    covered: bool
+
+    @property
+    def agree(self) -> bool:
+        return self.vllm.backend is not None and self.vllm.backend == self.amx_pick.backend
+
+    @property
+    def measured(self) -> bool:
+        return self.n_timed >= 2
+
+    @property
+    def kind(self) -> str | None:
+        """Why they disagree (a KINDS key), None when they agree."""
+        if self.agree:
+            return None
+        vp, ap = self.vllm_pick, self.amx_pick
+        if self.vllm.backend is None:
+            return "vllm_none"
+        if vp.status == UNSUPPORTED:
+            return "unsupported"
+        if vp.status != SUPPORTED:
+            return "no_evidence"
+        if vp.measured and ap.measured:
+            return "slower"
+        if ap.measured:
+            return "unmeasured"
+        return "by_rank"
+
+    @property
+    def label(self) -> str:
+        dims = T._dims_label(self.head_dim, self.head_dim_v)
+        return f"{self.op} {self.dtype} {dims} {T.feature_string(self.features) or 'no features'}"
+
+    def regret(self, p: Pick) -> float | None:
+        if self.fastest is None or not self.measured or not p.measured or p.tier != "validated":
+            return None
+        return p.latency_ms / self.fastest.latency_ms
+
+
+def _pick(m: ResolvedMatrix, q: T.Query, a: Answer | None, backend: str | None) -> Pick:
+    if backend is None:
+        return NO_PICK
+    if a is None:  # the backend has no evidence at all on this arch
+        return Pick(backend, UNKNOWN, None, None, None, f"no evidence for {backend} on {q.arch}")
+    tflops = None
+    if a.status == SUPPORTED and len(a.cells) == 1 and a.cells[0].case.features == q.features:
+        tflops = a.cells[0].tflops
+    if a.status == SUPPORTED:
+        reason = T.order_basis(m, q, a)
+    else:
+        reason = "; ".join(a.reasons) or a.status
+    return Pick(backend, a.status, a.tier, a.latency_ms if a.status == SUPPORTED else None, tflops, reason)
+
+
+def _query_keys(m: ResolvedMatrix) -> list[T.Query]:
+    archs = set(T.selector_archs(m))
+    keys = {(c.case.arch, c.case.op, c.case.dtype, c.case.head_dim, c.case.head_dim_v, c.case.features)
+            for c in T.public_cells(m) if c.case.arch in archs}
+    return [T.Query(*k) for k in sorted(keys, key=lambda k: (arch_sort_key(k[0]), OPS.index(k[1]), k[2],
+                                                               k[3] != k[4], k[3], k[4], len(k[5]), k[5]))]
+
+
+def compare_cell(m: ResolvedMatrix, q: T.Query) -> Comparison:
+    ordered, answers = T.query(m, q)
+    by_backend = {a.backend: a for a in answers}
+    if q.op == "mla_prefill":
+        decision, family = MLA_DECISION, set(T.mla_names(m))
+    else:
+        decision, family = FA_DECISION, set(T.fa_versions(m))
+    vc = V.vllm_choice(q.arch, q.op, q.head_dim, q.head_dim_v, q.features)
+    vq = q
+    if vc.pads_v:  # vLLM pads V up to the QK head size for FA2: the kernel runs at (head_dim, head_dim)
+        vq = T.Query(q.arch, q.op, q.dtype, q.head_dim, q.head_dim, q.features)
+    if vc.backend is None:
+        vp = NO_PICK
+    elif vq is q:
+        vp = _pick(m, q, by_backend.get(vc.backend), vc.backend)
+    else:
+        a = answer(m, vq.arch, vc.backend, vq.op, vq.dtype, vq.head_dim, vq.head_dim_v, vq.features)
+        vp = _pick(m, vq, a, vc.backend)
+    amx = next((a for a in ordered if a.backend in family), None)
+    amx_pick = _pick(m, q, amx, amx.backend) if amx else NO_PICK
+    first = _pick(m, q, ordered[0], ordered[0].backend) if ordered else NO_PICK
+    timed = [a for a in ordered if a.latency_ms is not None and a.tier == "validated"]
+    fastest_a = min(timed, key=lambda a: (a.latency_ms, a.backend)) if timed else None
+    fastest = _pick(m, q, fastest_a, fastest_a.backend) if fastest_a else None
+    covered = amx_pick.backend is not None or vp.status in (SUPPORTED, UNSUPPORTED)
+    return Comparison(q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features, decision, vc, vp, amx_pick,
+                      first, fastest, len(timed), covered)
+
+
+def comparisons(m: ResolvedMatrix) -> list[Comparison]:
+    """One Comparison per (GPU arch, op, dtype, dims, features) key with a resolved cell, in page order."""
+    return [compare_cell(m, q) for q in _query_keys(m)]
+
+
+# --- presentation helpers ---------------------------------------------------------------------------
+
+def fmt_us(ms: float | None) -> str:
+    return "–" if ms is None else f"{ms * 1000:.1f} µs"
+
+
+def fmt_tflops(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1f} TFLOP/s"
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
+def _standing(p: Pick) -> str:
+    if p.backend is None:
+        return "none"
+    if p.status == UNSUPPORTED:
+        return f"unsupported ({p.tier})" if p.tier else "unsupported"
+    if p.status != SUPPORTED:
+        return "no evidence"
+    return f"{p.tier}, measured" if p.latency_ms is not None else f"{p.tier}, unmeasured"
+
+
+def why(c: Comparison) -> str:
+    """One sentence (or three) saying why attnmatrix and vLLM differ on a cell."""
+    vp, ap, parts = c.vllm_pick, c.amx_pick, []
+    if c.vllm.backend is None:
+        if c.vllm.label == "none":
+            parts.append(f"vLLM's rules give no choice here ({c.vllm.why})")
+        else:
+            parts.append(f"vLLM picks {c.vllm.label}, which attnmatrix does not probe ({c.vllm.why})")
+    else:
+        padded = f" at {c.head_dim}×{c.head_dim} (V padded)" if c.vllm.pads_v else ""
+        head = f"vLLM picks {vp.backend}{padded} ({c.vllm.why})"
+        if vp.status == UNSUPPORTED:
+            parts.append(f"{head}, but the evidence says unsupported: {vp.reason}")
+        elif vp.status != SUPPORTED:
+            parts.append(f"{head}, but there is no evidence for it here: {vp.reason}")
+        elif vp.latency_ms is None:
+            parts.append(f"{head}; it is {vp.tier} here, unmeasured")
+        else:
+            parts.append(f"{head}; measured {fmt_us(vp.latency_ms)}")
+    if ap.backend is None:
+        parts.append(f"attnmatrix has no supported {c.decision} candidate here")
+    elif ap.measured:
+        parts.append(f"attnmatrix picks {ap.backend}, measured {fmt_us(ap.latency_ms)}")
+    else:
+        parts.append(f"attnmatrix picks {ap.backend} ({ap.tier}, {ap.reason})")
+    f = c.fastest
+    if f is not None and f.backend not in (ap.backend, vp.backend):
+        parts.append(f"fastest validated here: {f.backend} at {fmt_us(f.latency_ms)}")
+    return "; ".join(parts)
+
+
+@dataclass
+class DisagreementRow:
+    cell: str
+    vllm: str
+    amx: str
+    vllm_numbers: str
+    amx_numbers: str
+    ratio: str
+    tiers: str
+    why: str
+
+
+def _numbers(p: Pick) -> str:
+    if not p.measured:
+        return "–"
+    return f"{fmt_us(p.latency_ms)} · {fmt_tflops(p.tflops)}"
+
+
+def disagreement_row(c: Comparison) -> DisagreementRow:
+    vp, ap = c.vllm_pick, c.amx_pick
+    ratio = vp.latency_ms / ap.latency_ms if vp.measured and ap.measured else None
+    return DisagreementRow(
+        cell=c.label, vllm=c.vllm.label if vp.backend is None else f"{vp.backend} ({c.vllm.label})",
+        amx=ap.backend or "none", vllm_numbers=_numbers(vp), amx_numbers=_numbers(ap), ratio=fmt_ratio(ratio),
+        tiers=f"{_standing(vp)} / {_standing(ap)}", why=why(c))
+
+
+@dataclass
+class SummaryRow:
+    arch: str
+    decision: str
+    compared: int
+    agree: int
+    disagree: int
+    kinds: list[int]  # per KINDS
+    not_covered: int
+
+
+@dataclass
+class RegretRow:
+    arch: str
+    op: str
+    cells: int  # measured cells
+    amx_median: str
+    amx_max: str
+    vllm_measured: int
+    vllm_median: str
+    vllm_max: str
+    vllm_unmeasured: int  # vLLM's pick supported but not timed (or not validated)
+    vllm_unsupported: int
+    vllm_no_evidence: int  # unknown, or vLLM has no (probed) choice
+
+
+@dataclass
+class ArchDisagreements:
+    arch: str
+    sections: list[tuple[str, list[DisagreementRow]]]  # (what the disagreement kind means, rows)
+
+
+@dataclass
+class ComparisonPage:
+    summary: list[SummaryRow]
+    regret: list[RegretRow]
+    disagreements: list[ArchDisagreements]
+    total_compared: int
+    total_agree: int
+    total_disagree: int
+    total_not_covered: int
+
+
+def regret_rows(cs: list[Comparison]) -> list[RegretRow]:
+    per: dict[tuple[str, str], list[Comparison]] = defaultdict(list)
+    for c in cs:
+        if c.measured:
+            per[(c.arch, c.op)].append(c)
+    out = []
+    for (arch, op), group in sorted(per.items(), key=lambda kv: (arch_sort_key(kv[0][0]), OPS.index(kv[0][1]))):
+        amx = [c.regret(c.first) for c in group]
+        amx_vals = [x for x in amx if x is not None]
+        vl = [c.regret(c.vllm_pick) for c in group]
+        vl_vals = [x for x in vl if x is not None]
+        unmeasured = sum(1 for c, r in zip(group, vl, strict=True)
+                         if r is None and c.vllm_pick.status == SUPPORTED)
+        unsupported = sum(1 for c in group if c.vllm_pick.status == UNSUPPORTED)
+        no_ev = sum(1 for c in group if c.vllm_pick.status not in (SUPPORTED, UNSUPPORTED))
+        out.append(RegretRow(
+            arch, op, len(group),
+            fmt_ratio(statistics.median(amx_vals)) if amx_vals else "–", fmt_ratio(max(amx_vals, default=None)),
+            len(vl_vals), fmt_ratio(statistics.median(vl_vals)) if vl_vals else "–",
+            fmt_ratio(max(vl_vals, default=None)), unmeasured, unsupported, no_ev))
+    return out
+
+
+def comparison_page(m: ResolvedMatrix) -> ComparisonPage:
+    cs = comparisons(m)
+    summary, arch_rows = [], []
+    for arch in T.selector_archs(m):
+        mine = [c for c in cs if c.arch == arch]
+        for decision in (FA_DECISION, MLA_DECISION):
+            d = [c for c in mine if c.decision == decision]
+            if not d:
+                continue
+            cov = [c for c in d if c.covered]
+            kinds = Counter(c.kind for c in cov if not c.agree)
+            summary.append(SummaryRow(arch, decision, len(cov), sum(c.agree for c in cov),
+                                      sum(not c.agree for c in cov), [kinds.get(k, 0) for k, _, _ in KINDS],
+                                      len(d) - len(cov)))
+        sections = []
+        for kind, _, meaning in KINDS:
+            rows = [disagreement_row(c) for c in mine if c.covered and c.kind == kind]
+            if rows:
+                sections.append((meaning, rows))
+        if sections:
+            arch_rows.append(ArchDisagreements(arch, sections))
+    covered = [c for c in cs if c.covered]
+    return ComparisonPage(summary, regret_rows(cs), arch_rows, len(covered), sum(c.agree for c in covered),
+                          sum(not c.agree for c in covered), len(cs) - len(covered))
+
+
+# --- the rule tables, for the page ------------------------------------------------------------------
+
+def _majors(lo: int | None, hi: int | None) -> str:
+    if lo is None and hi is None:
+        return "any"
+    if lo == hi:
+        return f"{lo}"
+    if hi is None:
+        return f"≥ {lo}"
+    if lo is None:
+        return f"≤ {hi}"
+    return f"{lo}–{hi}"
+
+
+def fa_rule_rows() -> list[tuple[str, str, str, str, str]]:
+    """(id, from version, capability major, conditions, to) per FA_RULES entry."""
+    out = []
+    for r in V.FA_RULES:
+        conds = []
+        for name, val in (("ALiBi", r.alibi), ("sinks", r.sinks), ("local attention", r.local),
+                          ("head_size ≠ head_size_v", r.diff_v)):
+            if val is not None:
+                conds.append(name if val else f"no {name}")
+        if r.head_size_gt is not None:
+            conds.append(f"head_size > {r.head_size_gt}")
+        if r.head_size_eq is not None:
+            conds.append(f"head_size = {r.head_size_eq}")
+        for hs, hsv in r.exempt:
+            conds.append(f"not {hs}" + ("" if hsv is None else f"×{hsv}"))
+        out.append((r.id, f"FA{r.version}", _majors(*r.majors), ", ".join(conds) or "always",
+                    " else ".join(f"FA{v}" for v in r.to) + f": {r.says}"))
+    return out
+
+
+def fa_builds() -> list[tuple[str, str]]:
+    return [(f"FA{v}", _majors(lo, hi)) for v, (lo, hi) in sorted(V.FA_BUILT.items())]
+
+
+def mla_priority_rows() -> list[tuple[str, str, str]]:
+    return [(_majors(*p.majors) if p.majors else "any", "any" if p.dims is None else "×".join(map(str, p.dims)),
+             " > ".join(p.order)) for p in V.MLA_PRIORITIES]
+
+
+def mla_limit_rows() -> list[tuple[str, str, str, str]]:
+    out = []
+    for name, lim in sorted(V.MLA_LIMITS.items()):
+        dims = "any" if lim.dims is None else ", ".join("×".join(map(str, d)) for d in lim.dims)
+        extra = "a FlashAttention version exists (get_flash_attn_version(qk, v))" if lim.needs_fa_version else ""
+        out.append((name, _majors(*lim.majors) if lim.majors else "any", dims, extra))
+    return out
+
+
+def mapping_rows() -> list[tuple[str, str]]:
+    rows = [(f"FLASH_ATTN, FA{v}", b) for v, b in sorted(V.FA_VERSION_TO_BACKEND.items())]
+    rows += [(n, b or "none (not probed)") for n, b in sorted(V.VLLM_TO_BACKEND.items())]
+    return rows
+
+
+def print_regret(m: ResolvedMatrix) -> str:
+    """The regret table and the agreement summary as plain text (what `benchmarks/vllm_regret.py` prints)."""
+    page = comparison_page(m)
+    lines = [f"compared cells: {page.total_compared}, agree {page.total_agree}, disagree {page.total_disagree}, "
+             f"not covered {page.total_not_covered}",
+             "arch     op           cells  amx-median amx-max  vllm-measured vllm-median vllm-max  "
+             "vllm-unmeasured vllm-unsupported vllm-no-evidence"]
+    for r in page.regret:
+        lines.append(f"{r.arch:<8} {r.op:<12} {r.cells:>5}  {r.amx_median:>10} {r.amx_max:>7}  {r.vllm_measured:>13} "
+                     f"{r.vllm_median:>11} {r.vllm_max:>8}  {r.vllm_unmeasured:>15} {r.vllm_unsupported:>16} "
+                     f"{r.vllm_no_evidence:>16}")
+    for s in page.summary:
+        kinds = ", ".join(f"{k} {n}" for (k, _, _), n in zip(KINDS, s.kinds, strict=True) if n)
+        lines.append(f"{s.arch} {s.decision}: {s.compared} compared, {s.agree} agree, {s.disagree} disagree"
+                     + (f" ({kinds})" if kinds else "") + f", {s.not_covered} not covered")
+    return "\n".join(lines)
+

@@ -1,0 +1,261 @@
+"""vLLM's rules as data, the comparison page, and the selection regret; and, over every cell of the embedded
+matrix, the generated selector never returns a refused backend and picks the fastest validated one where
+measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+from attnmatrix.generator import render_all, render_selector
+from attnmatrix.generator import tables as T
+from attnmatrix.generator import vllm_comparison as VC
+from attnmatrix.generator import vllm_rules as V
+from attnmatrix.matrix.cases import feature_name, page_size
+from attnmatrix.matrix.evidence import Evidence, load_evidence
+from attnmatrix.matrix.policy import SUPPORTED, UNSUPPORTED, resolve
+from attnmatrix.matrix.records import parse_record
+
+# --- vLLM's rules, hand-checked against the source -------------------------------------------------
+# fa_utils.get_flash_attn_version after vLLM PR #42669 (stored copy, search-index id 62734764114), with
+# is_fa_version_supported from vllm_flash_attn (id 715543828): FA2 major >= 8, FA3 major 9, FA4 9..11.
+FA_CASES = [
+    ((9, 0), dict(head_size=128), 3),  # "Hopper (SM90): prefer FA3"
+    ((9, 0), dict(requires_alibi=True, head_size=128), 2),  # "Cannot use FA version 3 with ALiBi"
+    ((9, 0), dict(head_size=512), 4),  # "FA3 does not support head_size=512 on SM90": upgrade to FA4
+    ((9, 0), dict(requires_alibi=True, head_size=512), 2),  # the ALiBi fallback comes before the upgrade
+    ((9, 0), dict(head_size=192, head_size_v=128, has_sinks=True), 4),  # "Diff-KV with sinks"
+    ((9, 0), dict(head_size=128, has_sinks=True), 3),  # sinks alone: no upgrade
+    ((9, 0), dict(head_size=256, requires_local_attention=True), 3),  # the local rule is Blackwell-only
+    ((10, 0), dict(), 4),  # "Blackwell (SM100+, restrict to SM100 for now): prefer FA4"
+    ((10, 0), dict(head_size=128), 4),
+    ((10, 0), dict(head_size=192), 2),  # "TMEM capacity limits, defaulting to FA version 2"
+    ((10, 0), dict(head_size=192, head_size_v=128), 4),  # the (192, 128) MLA exception
+    ((10, 0), dict(head_size=256), 4),  # the 256 exception
+    ((10, 0), dict(head_size=256, requires_local_attention=True), 2),  # "does not support local attention"
+    ((10, 0), dict(head_size=128, requires_local_attention=True), 4),
+    ((10, 0), dict(requires_alibi=True, head_size=128), 2),  # "Cannot use FA version 4 with ALiBi"
+    ((10, 3), dict(head_size=512), 2),
+    ((11, 0), dict(head_size=128), 2),  # major == 10 only for the FA4 default
+    ((12, 0), dict(head_size=128), 2),
+    ((8, 0), dict(head_size=256), 2),
+    ((7, 5), dict(head_size=128), None),  # FA2 needs major >= 8: the assertion fails, None
+]
+
+
+@pytest.mark.parametrize(("cap", "kw", "want"), FA_CASES)
+def test_vllm_flash_attn_version(cap, kw, want):
+    assert V.flash_attn_version(cap, **kw).version == want
+
+
+# selector.py's _get_mla_prefill_backend_priorities (copy id 65940059341) and the backends'
+# validate_configuration (vllm-project/vllm@9402beec..., PR #43525 for GLM-5 on TRTLLM_RAGGED).
+MLA_CASES = [
+    ((10, 0), V.R1_DIMS, ("FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"), "FLASH_ATTN", "fa4"),
+    ((10, 0), V.GLM5_DIMS, ("TRTLLM_RAGGED", "FLASH_ATTN", "FLASHINFER", "TOKENSPEED_MLA"), "TRTLLM_RAGGED",
+     "trtllm_ragged"),
+    ((10, 3), V.GLM5_DIMS, ("TRTLLM_RAGGED", "FLASH_ATTN", "FLASHINFER", "TOKENSPEED_MLA"), "TRTLLM_RAGGED",
+     "trtllm_ragged"),
+    ((9, 0), V.R1_DIMS, ("FLASH_ATTN",), "FLASH_ATTN", "fa3"),  # "Hopper (SM90) and older"
+    ((9, 0), V.GLM5_DIMS, ("FLASH_ATTN",), "FLASH_ATTN", "fa3"),
+    ((12, 0), V.R1_DIMS, ("FLASH_ATTN",), "FLASH_ATTN", "fa2"),  # major 12 is not "Blackwell" here
+    ((10, 0), (64, 64, 128), ("FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"), "FLASH_ATTN", "fa4"),
+]
+
+
+@pytest.mark.parametrize(("cap", "dims", "order", "name", "backend"), MLA_CASES)
+def test_vllm_mla_prefill(cap, dims, order, name, backend):
+    assert V.mla_prefill_priorities(cap, *dims) == order
+    d = V.mla_prefill_backend(cap, *dims)
+    assert d.name == name
+    assert V.backend_for(d.name, d.fa.version if d.fa else None) == backend
+
+
+def test_vllm_mla_details():
+    # TRTLLM_RAGGED refuses non-R1/GLM dims and non-Blackwell; FLASHINFER takes R1 only
+    assert V.mla_backend_rejects("TRTLLM_RAGGED", (10, 0), *V.R1_DIMS) == []
+    assert V.mla_backend_rejects("TRTLLM_RAGGED", (9, 0), *V.R1_DIMS)
+    assert V.mla_backend_rejects("FLASHINFER", (10, 0), *V.GLM5_DIMS)
+    # FA2 pads V (vLLM's FLASH_ATTN MLA prefill), FA3 on SM90 and FA4 do not
+    assert V.mla_prefill_backend((12, 0), *V.R1_DIMS).pads_v
+    assert not V.mla_prefill_backend((9, 0), *V.R1_DIMS).pads_v
+    assert not V.mla_prefill_backend((10, 0), *V.R1_DIMS).pads_v
+    # vLLM's names in attnmatrix's
+    assert [V.backend_for("FLASH_ATTN", v) for v in (2, 3, 4, None)] == ["fa2", "fa3", "fa4", None]
+    assert V.backend_for("CUDNN") is None and V.backend_for("TOKENSPEED_MLA") is None
+    assert V.backend_for("FLASHINFER") == "flashinfer"
+
+
+def test_vllm_choice_for_matrix_cells():
+    c = V.vllm_choice("sm_90", "prefill", 128, 128, ("alibi", "causal"))
+    assert (c.backend, c.label) == ("fa2", "FLASH_ATTN FA2") and "alibi-fa3" in c.why
+    assert V.vllm_choice("sm_100", "decode", 256, 256, ("sliding_window",)).backend == "fa2"
+    assert V.vllm_choice("sm_100", "decode", 256, 256, ("causal", "softcap")).backend == "fa4"  # softcap: no rule
+    assert V.vllm_choice("sm_100", "mla_prefill", 256, 256, ("causal",)).backend == "trtllm_ragged"
+    assert V.vllm_choice("sm_100", "mla_prefill", 192, 128, ("causal",)).backend == "fa4"
+    assert V.vllm_choice("sm_75", "prefill", 128, 128, ("causal",)).backend is None
+
+
+def test_every_source_names_a_commit_or_a_stored_copy():
+    for s in V.VLLM_SOURCES:
+        assert len(s.ref) == 40 and int(s.ref, 16) >= 0 or s.ref.startswith("search-index id "), s
+
+
+# --- the comparison over a hand-built matrix ------------------------------------------------------------
+
+BACKENDS = {
+    "fa2": {"fa_version": 2, "mla_prefill": "FLASH_ATTN", "default_rank": 12},
+    "fa3": {"fa_version": 3, "mla_prefill": "FLASH_ATTN", "default_rank": 11},
+    "fa4": {"fa_version": 4, "mla_prefill": "FLASH_ATTN", "default_rank": 10},
+    "trtllm_ragged": {"mla_prefill": "TRTLLM_RAGGED", "default_rank": 20},
+    "sdpa_cudnn": {"default_rank": 30},
+}
+C = ("causal",)
+
+
+def rec(arch, backend, feats=C, outcome="pass", *, hd=128, hdv=None, op="prefill", tier="validated", lat=None,
+        tflops=100.0, reason=None):
+    d = {"schema": 1, "outcome": outcome, "tier": tier,
+         "case": {"arch": arch, "backend": backend, "op": op, "dtype": "bfloat16", "head_dim": hd,
+                  "head_dim_v": hd if hdv is None else hdv, "features": list(feats)},
+         "provenance": {"date": "2026-11-01"} if tier == "declared" else
+         {"device": "H200", "kernel_version": "1.0", "torch": "2.11", "date": "2026-11-01"}}
+    if tier == "declared":
+        d["sources"] = [f"declared source for {backend}"]
+    if outcome not in ("pass", "compiled"):
+        d["reason"] = reason or f"{backend} refuses"
+    if outcome == "pass" and tier == "validated":
+        d["error"] = {"max_abs_err": 1e-3}
+    if lat is not None:
+        d["timings"] = [{"shape": "s", "latency_ms": lat, "tflops": tflops}]
+    return parse_record(d)
+
+
+def records(fa3_lat=2.0):
+    H = "sm_90"
+    return [
+        # 128 causal: vLLM picks fa3 (measured, 2 ms); attnmatrix's FlashAttention pick is fa4 (1 ms); the fastest
+        # validated backend is sdpa_cudnn (0.5 ms).
+        rec(H, "fa4", lat=1.0, tflops=400.0), rec(H, "sdpa_cudnn", lat=0.5, tflops=800.0),
+        rec(H, "fa3", lat=fa3_lat, tflops=200.0), rec(H, "fa2", tier="declared"),
+        # 512: vLLM upgrades to fa4, which refuses it
+        rec(H, "fa4", hd=512, outcome="rejected", reason="fa4: 512 is not supported on SM90"),
+        rec(H, "sdpa_cudnn", hd=512, lat=4.0),
+        # ALiBi: both pick fa2
+        rec(H, "fa2", ("alibi", "causal"), lat=3.0), rec(H, "fa3", ("alibi", "causal"), "rejected"),
+        rec(H, "fa4", ("alibi", "causal"), "rejected"),
+        # MLA on Blackwell at GLM-5 dims: vLLM picks TRTLLM_RAGGED (declared); attnmatrix measured fa4 first
+        rec("sm_100", "fa4", op="mla_prefill", hd=256, lat=1.5),
+        rec("sm_100", "sdpa_cudnn", op="mla_prefill", hd=256, lat=3.0),
+        rec("sm_100", "trtllm_ragged", op="mla_prefill", hd=256, tier="declared"),
+    ]
+
+
+def matrix(recs=None):
+    recs = records() if recs is None else recs
+    return resolve(Evidence(records=recs, where=["t"] * len(recs), backends={k: dict(v) for k, v in BACKENDS.items()}))
+
+
+def _cmp(m, arch, op, hd, hdv, feats):
+    return VC.compare_cell(m, T.Query(arch, op, "bfloat16", hd, hdv, feats))
+
+
+def test_comparison_cells_and_regret():
+    m = matrix()
+    c = _cmp(m, "sm_90", "prefill", 128, 128, C)
+    assert (c.vllm.backend, c.amx_pick.backend, c.first.backend, c.fastest.backend) == ("fa3", "fa4", "sdpa_cudnn",
+                                                                                         "sdpa_cudnn")
+    assert not c.agree and c.kind == "slower" and c.measured
+    assert c.regret(c.first) == 1.0 and c.regret(c.vllm_pick) == pytest.approx(4.0)
+    row = VC.disagreement_row(c)
+    assert row.ratio == "2.00" and row.vllm_numbers == "2000.0 µs · 200.0 TFLOP/s"
+    assert row.amx_numbers == "1000.0 µs · 400.0 TFLOP/s"
+    assert "fastest validated here: sdpa_cudnn at 500.0 µs" in row.why
+    c = _cmp(m, "sm_90", "prefill", 512, 512, C)
+    assert c.vllm.backend == "fa4" and c.kind == "unsupported" and "512 is not supported on SM90" in VC.why(c)
+    assert "hopper-headdim-gt-256" in VC.why(c)
+    c = _cmp(m, "sm_90", "prefill", 128, 128, ("alibi", "causal"))
+    assert c.agree and c.kind is None
+    c = _cmp(m, "sm_100", "mla_prefill", 256, 256, C)
+    assert (c.vllm.backend, c.amx_pick.backend, c.kind) == ("trtllm_ragged", "fa4", "unmeasured")
+    rows = {(r.arch, r.op): r for r in VC.regret_rows(VC.comparisons(m))}
+    r = rows[("sm_90", "prefill")]
+    assert (r.cells, r.amx_median, r.amx_max, r.vllm_measured, r.vllm_median) == (1, "1.00", "1.00", 1, "4.00")
+    r = rows[("sm_100", "mla_prefill")]
+    assert (r.cells, r.vllm_measured, r.vllm_unmeasured, r.amx_max) == (1, 0, 1, "1.00")
+    text = VC.print_regret(m)  # what benchmarks/vllm_regret.py prints
+    assert "sm_90    prefill          1        1.00    1.00              1        4.00     4.00" in text
+
+
+def test_comparison_page_follows_the_data():
+    meta = {"matrix_id": "cmp0test", "kernel_versions": {}}
+    page = render_all(matrix(), meta)["site/vllm-comparison.md"]
+    assert "| `sm_90` | prefill | 1 | 1.00 | 1.00 | 1 | 4.00 | 4.00 | 0 | 0 | 0 |" in page
+    assert "regenerated from the matrix" in page and "How to read it" in page
+    assert "fa3 (FLASH_ATTN FA3)" in page and "| 2.00 |" in page
+    # a faster fa3 measurement changes the regret and the rows: nothing is hard-coded
+    faster = render_all(matrix(records(fa3_lat=0.25)), meta)["site/vllm-comparison.md"]
+    assert "| `sm_90` | prefill | 1 | 1.00 | 1.00 | 1 | 1.00 | 1.00 | 0 | 0 | 0 |" in faster
+    assert "fa3 (FLASH_ATTN FA3)" not in faster  # now attnmatrix picks fa3 too: they agree
+    assert render_all(matrix(), meta)["site/vllm-comparison.md"] == page  # deterministic
+
+
+# --- every cell of the embedded matrix --------------------------------------------------------------------
+
+FLAGS = ("causal", "sliding_window", "softcap", "alibi", "sinks", "gqa", "varlen", "fp8")
+
+
+def _flags(features):
+    kw = {f: any(feature_name(t) == f for t in features) for f in FLAGS}
+    kw["page_size"] = page_size(features)
+    return kw
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return resolve(load_evidence())
+
+
+@pytest.fixture(scope="module")
+def embedded_selector(embedded, tmp_path_factory):
+    """The selector generated from the embedded matrix as it is now (`attnmatrix check` keeps the committed
+    attnmatrix/selector.py byte-identical to this)."""
+    path = tmp_path_factory.mktemp("sel") / "embedded_selector.py"
+    path.write_text(render_selector(embedded, {"matrix_id": "embedded"}), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("embedded_selector", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_embedded_matrix_first_choice_supported_never_rejected_and_fastest(embedded, embedded_selector):
+    sel, n, measured = embedded_selector, 0, 0
+    for q in VC._query_keys(embedded):
+        cap = V.capability_of(q.arch)
+        got = sel.select_backends(cap, q.head_dim, q.head_dim_v, op=q.op, dtype=q.dtype, **_flags(q.features))
+        ordered, answers = T.query(embedded, q)
+        status = {a.backend: a.status for a in answers}
+        assert got == [a.backend for a in ordered], q
+        assert all(status[b] == SUPPORTED for b in got), q  # the first choice (and every other) is supported
+        assert not any(status[b] == UNSUPPORTED for b in got), q  # no rejected backend, ever
+        timed = [a for a in ordered if a.latency_ms is not None and a.tier == "validated"]
+        if len(timed) >= 2:  # a measured cell: the first choice is the fastest validated backend
+            measured += 1
+            first = next(a for a in ordered if a.backend == got[0])
+            assert first.latency_ms / min(a.latency_ms for a in timed) == 1.0, q
+            c = VC.compare_cell(embedded, q)
+            assert c.regret(c.first) == 1.0, q
+        n += 1
+    assert n > 1000 and measured > 0
+
+
+def test_embedded_regret_table_is_consistent(embedded):
+    rows = VC.regret_rows(VC.comparisons(embedded))
+    assert rows, "the embedded matrix has measured cells"
+    for r in rows:
+        assert r.amx_median == "1.00" and r.amx_max == "1.00", r
+        assert r.vllm_measured + r.vllm_unmeasured + r.vllm_unsupported + r.vllm_no_evidence == r.cells, r
+        if r.vllm_measured:
+            assert float(r.vllm_median) >= 1.0 and float(r.vllm_max) >= float(r.vllm_median), r
+            assert math.isfinite(float(r.vllm_max))
