@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import sys
@@ -188,6 +189,94 @@ def _probe(cases: list, out: Path, *, workers: int, timeout: float, memory_limit
     return summary
 
 
+def _probe_fleet(*, backends, head_dims, features_spec, ops, dtypes, out: Path | None, workers: int | None,
+                 timeout: float, memory_limit: int | None, timing: bool, timed_dtypes: tuple[str, ...],
+                 budget_ms: float, device: str, address: str | None, archs: tuple[str, ...], chunk_size: int | None,
+                 as_json: bool) -> None:
+    """`probe --executor ray`: the case space of the cluster's archs, probed by Ray tasks (kernels/ray_executor.py)."""
+    from attnmatrix.kernels import ray_executor as rx
+    from attnmatrix.kernels.probe import ProbeConfig
+    from attnmatrix.kernels.runner import RunnerConfig
+
+    try:
+        rx.import_ray()
+    except rx.RayMissing as e:
+        raise UsageError(str(e)) from None
+    # Usage errors before Ray starts (seconds): the space is built again per arch once the lanes are known.
+    _build_space("cpu", _check_backends(backends, "cpu"), head_dims, features_spec, ops, dtypes)
+    cpus_per_task = workers or 1
+    with contextlib.ExitStack() as stack:
+        try:
+            ray = stack.enter_context(rx.ray_session(address))
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise UsageError(f"--address {address or '(local)'}: cannot connect to Ray: {e}") from None
+        lanes, notes = rx.live_lanes(ray, cpus_per_task=cpus_per_task)
+        for n in notes:
+            click.echo(f"note: {n}", err=True)
+        dev = rx.fleet_device(lanes, device)
+        offered = rx.fleet_archs(lanes, dev)
+        if archs:
+            try:
+                targets = sorted({normalize_arch(a) for a in archs})
+            except CaseError as e:
+                raise UsageError(f"--arch: {e}") from None
+            clash = [a for a in targets if device != "auto" and (a == "cpu") != (device == "cpu")]
+            if clash:
+                raise UsageError(f"--arch {', '.join(clash)} is not probed with --device {device}")
+        else:
+            targets = offered
+        have = {lane.arch for lane in lanes}
+        missing = [a for a in targets if a not in have]
+        lane_list = "; ".join(lane.describe() for lane in lanes) or "none"
+        if missing or not targets:
+            what = f"arch {', '.join(missing)}" if missing else f"--device {dev}"
+            raise UsageError(f"the Ray cluster has no node for {what} (its lanes: {lane_list})")
+        cases = []
+        for arch in targets:
+            arch_dev = "cpu" if arch == "cpu" else "cuda"
+            cases += _build_space(arch, _check_backends(backends, arch_dev), head_dims, features_spec, ops, dtypes)
+        out = out or DEFAULT_RESULTS / (f"{targets[0]}.jsonl" if len(targets) == 1 else "fleet.jsonl")
+        probe_cfg = ProbeConfig(timing=timing, run_id=f"{time.strftime('%Y%m%d')}-{uuid.uuid4().hex[:8]}",
+                                timed_dtypes=timed_dtypes, budget_ms=budget_ms)
+        cfg = RunnerConfig(workers=workers or 2, timeout_s=timeout, memory_limit_mb=memory_limit, device=dev,
+                           probe=probe_cfg)
+        fleet = rx.FleetConfig(chunk_size=chunk_size, cpus_per_task=cpus_per_task)
+        with ResultStore(out) as store:
+            if store.repaired_bytes:
+                click.echo(f"note: cut a torn last line ({store.repaired_bytes} bytes) from {out}", err=True)
+            todo = sum(1 for c in cases if c.key not in store)
+            if not as_json:
+                click.echo(f"ray lanes: {lane_list}", err=True)
+                click.echo(f"{len(cases)} cases on {', '.join(targets)}, {len(cases) - todo} already recorded in "
+                           f"{out}, {todo} to probe", err=True)
+            with click.progressbar(length=todo, label="probing", file=sys.stderr,
+                                   show_pos=True, show_eta=True, item_show_func=lambda s: s) as bar:
+                def progress(rec) -> None:
+                    bar.update(1, f"{rec.case.arch} {rec.case.backend} {rec.case.head_dim}x{rec.case.head_dim_v} "
+                                  f"{rec.outcome}")
+
+                def on_event(kind: str, info: dict) -> None:
+                    if kind == "task_lost":
+                        node = (info["node"] or "?")[:8]
+                        click.echo(f"\nnote: lost a task on node {node} ({info['error']}); {info['requeued']} "
+                                   f"unfinished case(s) re-queued, {info['given_up']} given up", err=True)
+
+                try:
+                    summary = rx.run_cases_ray(cases, store, cfg, fleet, progress=None if as_json else progress,
+                                               ray=ray, on_event=on_event)
+                except rx.FleetError as e:
+                    click.echo(f"error: {e}", err=True)
+                    sys.exit(EXIT_FAILED)
+    _print_probe_summary(summary, out, as_json)
+    if summary.unprobed:
+        for key, why in sorted(summary.unprobed.items())[:20]:
+            click.echo(f"not probed: {key}: {why}", err=True)
+        more = len(summary.unprobed) - 20
+        click.echo(("" if more <= 0 else f"... and {more} more; ") + f"{len(summary.unprobed)} case(s) have no "
+                   f"record; run the same command again to probe them (recorded cases are skipped)", err=True)
+        sys.exit(EXIT_FAILED)
+
+
 def _space_options(f):
     opts = [
         click.option("--backends", help="Comma-separated backends (default: every backend for this device)."),
@@ -233,7 +322,8 @@ def _check_backends(spec: str | None, device: str) -> list[str]:
                    "Default: attnmatrix-results/<arch>.jsonl")
 @click.option("--workers", type=int, default=None,
               help="Worker processes, spread over the GPUs (default: one per GPU, at least 2). On one GPU, "
-                   "several workers compile in parallel and take turns for timed loops.")
+                   "several workers compile in parallel and take turns for timed loops. With --executor ray: "
+                   "workers per GPU task (default 2), or CPUs (and workers) per task when probing CPUs (default 1).")
 @click.option("--gpus", help="Comma-separated GPU indices, one worker each (default: every visible GPU).")
 @click.option("--timeout", type=float, default=180.0, show_default=True,
               help="Seconds a case may run (first calls JIT-compile) before its worker is killed.")
@@ -243,22 +333,55 @@ def _check_backends(spec: str | None, device: str) -> list[str]:
               help="Time passing cases of these dtypes only (the others are validated, not timed).")
 @click.option("--budget-ms", type=float, default=40.0, show_default=True,
               help="Timing budget per shape after warm-up (at least 5 runs; the median is kept).")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="What to probe. With --executor ray, `auto` is the fleet's GPUs if it has any, else its CPUs.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="`local`: this machine's GPUs (or CPU). `ray`: every node of a Ray cluster, cases split by GPU "
+                   "type, records streamed back into the one result file (needs: pip install 'attnmatrix[ray]').")
+@click.option("--address", metavar="ADDR",
+              help="--executor ray: the Ray cluster to use, `auto` for the one `ray start --head` runs here, or "
+                   "HOST:PORT (default: start a local Ray instance on this machine).")
+@click.option("--arch", "archs", multiple=True,
+              help="--executor ray: probe only these archs, repeatable (default: every arch the cluster's nodes "
+                   "offer for --device).")
+@click.option("--chunk-size", type=click.IntRange(min=1), default=None,
+              help="--executor ray: cases per Ray task (default: about two tasks per GPU or CPU slot, 16 to 64 "
+                   "cases each).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def probe(backends, head_dims, features_spec, ops, dtypes, out, workers, gpus, timeout, memory_limit, no_timing,
-          timed_dtypes, budget_ms, device, as_json) -> None:
-    """Sweep kernels on this machine; every case gets an outcome, written as it finishes.
+          timed_dtypes, budget_ms, device, executor, address, archs, chunk_size, as_json) -> None:
+    """Sweep kernels on this machine, or on a fleet through Ray; every case gets an outcome, written as it finishes.
 
     Each case runs in a worker subprocess: a crash or hang is recorded (`crash`, `timeout`) and the
     worker replaced. Kill the sweep at any point and run the same command again: recorded cases
     are skipped, none is lost or duplicated. Cases are checked against a float32 reference and, if
     they pass, timed on three shapes (median of many runs; CUDA events on a GPU).
 
+    With --executor ray the case space is built for every arch the cluster has (its nodes' accelerator
+    types, or an `attnmatrix_arch_<arch>` resource on a node), cut into small chunks, and each chunk
+    runs as a Ray task on a node of its arch, one GPU per task, through the same isolated runner. Records
+    stream back to this process, which writes the result file. A node that dies loses only its cases in
+    flight: they are re-queued, none is duplicated. Exit code 1 if cases are left without a record.
+
     \b
     Examples:
       attnmatrix probe --backends fa4,sdpa_cudnn --head-dims 128,256,192x128 --features none,causal
       attnmatrix probe --backends fake_segfault,sdpa_cpu --device cpu --timeout 10
+      ray start --head && attnmatrix probe --executor ray --address auto -o fleet.jsonl
+      attnmatrix probe --executor ray --address auto --arch sm_90 --arch sm_100 --backends fa4
+      attnmatrix probe --executor ray --device cpu --backends sdpa_cpu      # a local Ray on this machine
     """
+    if executor == "ray":
+        if gpus:
+            raise UsageError("--gpus: with --executor ray, Ray assigns each task its GPU")
+        _probe_fleet(backends=backends, head_dims=head_dims, features_spec=features_spec, ops=ops, dtypes=dtypes,
+                     out=out, workers=workers, timeout=timeout, memory_limit=memory_limit, timing=not no_timing,
+                     timed_dtypes=tuple(_csv(timed_dtypes, DTYPES, "--timed-dtypes")), budget_ms=budget_ms,
+                     device=device, address=address, archs=archs, chunk_size=chunk_size, as_json=as_json)
+        return
+    for name, value in (("--address", address), ("--arch", archs), ("--chunk-size", chunk_size)):
+        if value:
+            raise UsageError(f"{name} needs --executor ray (the local executor probes this machine's own arch)")
     import torch
 
     dev = _local_device() if device == "auto" else device
@@ -284,6 +407,10 @@ def _print_probe_summary(summary, out: Path, as_json: bool) -> None:
             "outcomes": dict(sorted(summary.outcomes.items())), "wall_s": round(summary.wall_s, 2),
             "cases_per_min": round(summary.ran / summary.wall_s * 60, 1) if summary.wall_s else None,
             "workers_replaced": summary.workers_replaced}
+    if hasattr(summary, "tasks"):  # the ray executor's FleetSummary
+        data.update({"executor": "ray", "ray_tasks": summary.tasks, "ray_tasks_lost": summary.tasks_lost,
+                     "requeued": summary.requeued, "unprobed": len(summary.unprobed),
+                     "nodes": len(summary.nodes)})
     if as_json:
         click.echo(json.dumps(data, sort_keys=True))
     else:
@@ -536,7 +663,7 @@ def _select(m: ResolvedMatrix, arch, backend, op, dtype, head_dim, head_dim_v, f
         arch = normalize_arch(arch) if arch else None
     except CaseError as e:
         raise UsageError(f"--arch: {e}") from None
-    if backend and backend not in m.backends:
+    if backend and not any(b == backend or b.startswith(backend + "_") for b in m.backends):
         raise UsageError(f"--backend: unknown backend {backend!r} (known: {', '.join(sorted(m.backends))})")
     cells = [c for c in m.cells.values()
              if (arch is None or c.case.arch == arch)

@@ -150,6 +150,16 @@ def test_show_embedded_json_and_filters() -> None:
     assert all(SHOW_KEYS <= set(x) for x in rows)
 
 
+def test_show_backend_family_prefix() -> None:
+    """`--backend trtllm` means every trtllm_* backend (issue #5's query), on sm_90 and on sm_100."""
+    r = run("show", "--format", "json", "--backend", "trtllm")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert {x["backend"] for x in rows} >= {"trtllm_ragged", "trtllm_context", "trtllm_decode"}
+    assert {"sm_90", "sm_100"} <= {x["arch"] for x in rows}
+    assert run("show", "--backend", "trtll").exit_code == 2  # a prefix must end at a word boundary
+
+
 def test_show_bad_usage_exits_2() -> None:
     r = run("show", "--backend", "nosuch")
     assert r.exit_code == 2 and "nosuch" in r.output
