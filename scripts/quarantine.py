@@ -10,8 +10,8 @@ A record goes to quarantine when it says something about the run rather than the
   runner now re-queues such cases);
 - shared-gpu-oom: a `crash` from out-of-memory on a GPU shared by many workers (their cached memory,
   not the kernel's need; GPU workers now retry);
-- install-race: `unavailable` because a module vanished while another library was being installed
-  into the same folder.
+- install-race: `unavailable`, or FA4's compiler failing ("module 'tvm_ffi' has no attribute ..."),
+  because the shared `tvm_ffi` package was being reinstalled (with FlashInfer) into the same folder.
 
 Records whose case is already in an --exclude file (evidence committed earlier) are dropped, so
 --keep holds only what the sweep added. Prints what went where.
@@ -31,7 +31,7 @@ def artefact(rec: dict) -> str | None:
         return "worker-died-before-start"
     if rec["outcome"] == "crash" and "out of memory" in reason.lower():
         return "shared-gpu-oom"
-    if rec["outcome"] == "unavailable" and "No module named 'tvm_ffi.error'" in reason:
+    if "No module named 'tvm_ffi" in reason or "module 'tvm_ffi' has no attribute" in reason:
         return "install-race"
     return None
 
