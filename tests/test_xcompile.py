@@ -176,6 +176,23 @@ def test_real_cross_compile_sm90a_and_sm100a(tmp_path):
     assert hit.extra["compile_s"] < ok.extra["compile_s"]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_FA4, reason="needs flash-attn-4 and nvidia-cutlass-dsl")
+def test_every_other_target_still_compiles(tmp_path):
+    """One real compile per remaining FA4 target (sm_80, sm_103a, sm_110a, sm_120), so a kernel or DSL
+    release that breaks any arch's compile fails CI (sm_90a and sm_100a: the test above)."""
+    cases = [Case(arch, "fa4", "prefill", "bfloat16", 128, 128, ("causal",))
+             for arch in ("sm_80", "sm_103", "sm_110", "sm_120")]
+    out = tmp_path / "xc.jsonl"
+    summary = xcompile.xcompile_cases(cases, out, workers=2, timeout_s=600, cache_dir=str(tmp_path / "cache"))
+    assert set(summary) == {"sm_80", "sm_103a", "sm_110a", "sm_120"}
+    recs = {r.case.arch: r for _, r in read_records(out)}
+    for arch, sm in (("sm_80", 80), ("sm_103", 103), ("sm_110", 110), ("sm_120", 120)):
+        r = recs[arch]
+        assert r.outcome == "compiled", (arch, r.reason)
+        assert r.extra["cubin_sm"] == sm and r.extra["cubin_bytes"] > 10_000
+
+
 def _local_target() -> str | None:
     import torch
 
