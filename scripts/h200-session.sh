@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs ON the lent GPU machine: one device session's probing, phase by phase, one phase per call.
 # The machine is given back ~30 s after a call ends, so the calls go back to back; long work runs in
-# the background (setsid) and goes on between calls while the machine stays warm.
+# the background (setsid) and goes on between calls while the machine stays warm. Prepare every call
+# before the first one: in session 2 a 2.5-minute pause to fix code between calls lost the machine, with
+# the FA2 build, FlashInfer's compiled modules and half of a sweep on it.
 #
 #   phase      carry                   what it does
 #   stage      .gpu/a                  stages FA4's first bundle; starts the FA2 build (~15 min) in the

@@ -50,7 +50,16 @@ for sum in flashinfer_python-*.whl.sha256; do
   fi
   sha256sum -c "$sum"
 done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" ./*.whl
+# A wheel whose version is already in $site (FA4's install brings the same tvm-ffi) is skipped: pip
+# --target --upgrade would delete and rewrite its files under any sweep running from $site (on the H200
+# x2 that turned 13 FA4 compiles into "module 'tvm_ffi' has no attribute" errors).
+todo=()
+for whl in ./*.whl; do
+  dist=$(basename "$whl" | cut -d- -f1-2)   # name-version, as in $site/<name>-<version>.dist-info
+  if compgen -G "$site/${dist}.dist-info" > /dev/null; then echo "already in $site: $dist"; else todo+=("$whl"); fi
+done
+(( ${#todo[@]} == 0 )) || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$site" "${todo[@]}"
 for t in fi-aot*.tar*; do   # compiled modules saved by save-cache in an earlier session
   [[ -f "$t" ]] || continue
   mkdir -p "$site/flashinfer/data/aot"
