@@ -1,8 +1,8 @@
-"""Every CUDA backend, through the real probe path, on a GPU: one case it must pass and one it must refuse.
+"""Every CUDA backend, through the real probe path, on a GPU: a case it must pass, and refusals in its own words.
 
-Skipped without a GPU (conftest) and, per backend, where its library is not installed. Run on the
-lent H200 with `python -m pytest -m gpu -v`; the output of that run is committed under
-`matrix/data/gpu-tests/`.
+Skipped without a GPU (conftest) and, per backend, where its library is not installed. On a GPU
+machine: `python -m pytest -m gpu -v` (`scripts/h200-session.sh fa2` runs it in the background);
+commit its output with that session's results. It has not run on a GPU yet (see issue #3's notes).
 """
 
 from __future__ import annotations
