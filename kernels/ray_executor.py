@@ -63,7 +63,7 @@ from attnmatrix.matrix.records import Record, parse_record
 from attnmatrix.matrix.storage import ResultStore
 
 from .probe import ProbeConfig
-from .runner import RunnerConfig, RunSummary, run_cases
+from .runner import RunnerConfig, RunSummary, pending_cases, run_cases
 
 ARCH_RESOURCE_PREFIX = "attnmatrix_arch_"
 ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
@@ -386,16 +386,8 @@ def run_cases_ray(
     t0 = time.monotonic()
     summary = FleetSummary()
     todo: dict[str, list[Case]] = defaultdict(list)
-    seen: set[str] = set()
-    for c in cases:
-        if c.key in seen:
-            continue
-        seen.add(c.key)
-        summary.total += 1
-        if c.key in store:
-            summary.skipped += 1
-        else:
-            todo[c.arch].append(c)
+    for c in pending_cases(cases, store, summary):
+        todo[c.arch].append(c)
 
     lanes, notes = live_lanes(ray, cpus_per_task=fleet.cpus_per_task)
     summary.notes += notes

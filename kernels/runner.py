@@ -173,14 +173,10 @@ def _fallback_provenance(w: _Worker) -> dict:
     return prov
 
 
-def run_cases(
-    cases: Iterable[Case], store: ResultStore, cfg: RunnerConfig,
-    progress: Callable[[Record], None] | None = None,
-) -> RunSummary:
-    """Probe every case not already in `store`; each result is in the store when `progress` sees it."""
-    t0 = time.monotonic()
-    summary = RunSummary()
-    todo: deque[Case] = deque()
+def pending_cases(cases: Iterable[Case], store: ResultStore, summary: RunSummary) -> list[Case]:
+    """The cases still to probe, in order, each once; counts every distinct case in `summary.total` and
+    those already in `store` in `summary.skipped` (a resumed sweep skips them)."""
+    todo: list[Case] = []
     seen: set[str] = set()
     for c in cases:
         if c.key in seen:
@@ -191,6 +187,17 @@ def run_cases(
             summary.skipped += 1
         else:
             todo.append(c)
+    return todo
+
+
+def run_cases(
+    cases: Iterable[Case], store: ResultStore, cfg: RunnerConfig,
+    progress: Callable[[Record], None] | None = None,
+) -> RunSummary:
+    """Probe every case not already in `store`; each result is in the store when `progress` sees it."""
+    t0 = time.monotonic()
+    summary = RunSummary()
+    todo: deque[Case] = deque(pending_cases(cases, store, summary))
     # Several workers may share a GPU (JIT compiles are CPU-bound); at least one per GPU.
     nslots = max(1, cfg.workers, len(cfg.gpus or ()))
     slots: list[_Worker | None] = [None] * nslots
