@@ -61,12 +61,7 @@ NO_PICK = Pick(None, "none", None, None, None, "")
 
 @dataclass(frozen=True)
 class Comparison:
-    arch: str
-    op: str
-    dtype: str
-    head_dim: int
-    head_dim_v: int
-    features: tuple[str, ...]
+    query: T.Query  # the cell compared: arch, op, dtype, head dims, features
     decision: str
     vllm: V.VllmChoice
     vllm_pick: Pick
@@ -104,8 +99,9 @@ class Comparison:
 
     @property
     def label(self) -> str:
-        dims = T._dims_label(self.head_dim, self.head_dim_v)
-        return f"{self.op} {self.dtype} {dims} {T.feature_string(self.features) or 'no features'}"
+        q = self.query
+        dims = T._dims_label(q.head_dim, q.head_dim_v)
+        return f"{q.op} {q.dtype} {dims} {T.feature_string(q.features) or 'no features'}"
 
     def regret(self, p: Pick) -> float | None:
         if self.fastest is None or not self.measured or not p.measured or p.tier != "validated":
@@ -161,8 +157,7 @@ def compare_cell(m: ResolvedMatrix, q: T.Query) -> Comparison:
     fastest_a = min(timed, key=lambda a: (a.latency_ms, a.backend)) if timed else None
     fastest = _pick(m, q, fastest_a, fastest_a.backend) if fastest_a else None
     covered = amx_pick.backend is not None or vp.status in (SUPPORTED, UNSUPPORTED)
-    return Comparison(q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features, decision, vc, vp, amx_pick,
-                      first, fastest, len(timed), covered)
+    return Comparison(q, decision, vc, vp, amx_pick, first, fastest, len(timed), covered)
 
 
 def comparisons(m: ResolvedMatrix) -> list[Comparison]:
@@ -203,7 +198,7 @@ def why(c: Comparison) -> str:
         else:
             parts.append(f"vLLM picks {c.vllm.label}, which attnmatrix does not probe ({c.vllm.why})")
     else:
-        padded = f" at {c.head_dim}×{c.head_dim} (V padded)" if c.vllm.pads_v else ""
+        padded = f" at {c.query.head_dim}×{c.query.head_dim} (V padded)" if c.vllm.pads_v else ""
         head = f"vLLM picks {vp.backend}{padded} ({c.vllm.why})"
         if vp.status == UNSUPPORTED:
             parts.append(f"{head}, but the evidence says unsupported: {vp.reason}")
@@ -299,7 +294,7 @@ def regret_rows(cs: list[Comparison]) -> list[RegretRow]:
     per: dict[tuple[str, str], list[Comparison]] = defaultdict(list)
     for c in cs:
         if c.measured:
-            per[(c.arch, c.op)].append(c)
+            per[(c.query.arch, c.query.op)].append(c)
     out = []
     for (arch, op), group in sorted(per.items(), key=lambda kv: (arch_sort_key(kv[0][0]), OPS.index(kv[0][1]))):
         amx = [c.regret(c.first) for c in group]
@@ -322,7 +317,7 @@ def comparison_page(m: ResolvedMatrix) -> ComparisonPage:
     cs = comparisons(m)
     summary, arch_rows = [], []
     for arch in T.selector_archs(m):
-        mine = [c for c in cs if c.arch == arch]
+        mine = [c for c in cs if c.query.arch == arch]
         for decision in (FA_DECISION, MLA_DECISION):
             d = [c for c in mine if c.decision == decision]
             if not d:
