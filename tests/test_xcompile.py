@@ -44,15 +44,21 @@ def test_hardware_stand_in_answers_only_the_sm_count(monkeypatch):
         hw.get_max_active_clusters(2)
 
 
-def test_a_query_of_the_local_gpu_is_not_a_refusal(tmp_path):
-    src = tmp_path / "cutlass" / "utils" / "hardware_info.py"
-    src.parent.mkdir(parents=True)
-    src.write_text("def init():\n    raise RuntimeError('no driver')\n")
+def _raised_from(path, source: str, call: str, exc_type: type[BaseException]) -> BaseException:
+    """The exception that `call` (a function defined in `source`) raises, with `path` as its file in the traceback."""
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
     ns: dict = {}
-    exec(compile(src.read_text(), str(src), "exec"), ns)  # noqa: S102
-    with pytest.raises(RuntimeError) as ei:
-        ns["init"]()
-    assert xcompile._needed_the_gpu(ei.value)
+    exec(compile(source, str(path), "exec"), ns)  # noqa: S102
+    with pytest.raises(exc_type) as ei:
+        eval(call, ns)  # noqa: S307
+    return ei.value
+
+
+def test_a_query_of_the_local_gpu_is_not_a_refusal(tmp_path):
+    err = _raised_from(tmp_path / "cutlass" / "utils" / "hardware_info.py",
+                       "def init():\n    raise RuntimeError('no driver')\n", "init()", RuntimeError)
+    assert xcompile._needed_the_gpu(err)
     assert not xcompile._needed_the_gpu(AssertionError("head dim"))
 
 
@@ -65,15 +71,10 @@ def test_process_target_is_fixed_once_the_dsl_is_imported(monkeypatch):
 
 
 def test_bare_assert_reason_is_the_library_source_line(tmp_path):
-    src = tmp_path / "site-packages" / "somelib" / "kern.py"
-    src.parent.mkdir(parents=True)
-    src.write_text("def check(n):\n    assert n <= 128\n")
-    ns: dict = {}
-    exec(compile(src.read_text(), str(src), "exec"), ns)  # noqa: S102
-    with pytest.raises(AssertionError) as ei:
-        ns["check"](512)
-    assert xcompile._raised_by_library(ei.value)
-    assert xcompile._library_reason(ei.value) == "AssertionError (no message) at somelib/kern.py:2: assert n <= 128"
+    err = _raised_from(tmp_path / "site-packages" / "somelib" / "kern.py",
+                       "def check(n):\n    assert n <= 128\n", "check(512)", AssertionError)
+    assert xcompile._raised_by_library(err)
+    assert xcompile._library_reason(err) == "AssertionError (no message) at somelib/kern.py:2: assert n <= 128"
     assert xcompile._library_reason(ValueError("bad head dim")) == "ValueError: bad head dim"
 
 
