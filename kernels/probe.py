@@ -7,6 +7,7 @@ in-process, which the runner benchmark uses to measure the isolation overhead.
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -106,6 +107,11 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
     entry = backend.entry(case)
     device = backend.device
     problem: Problem = make_problem(case, VALIDATION_SHAPES[case.op], device=device, seed=config.seed)
+    # Where the case's time went: the first call (JIT compile for FA4/FlashInfer, or a cache load),
+    # the check against the reference, and the timed shapes. Sums of these split a sweep's wall time
+    # into compile and run (scripts/sweep_stats.py).
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
     try:
         fn = backend.prepare(problem)
         _poison_allocator(device)
@@ -124,6 +130,8 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
             return rec("rejected", reason=_message(e), entry=entry)
         return rec("crash", reason="attnmatrix adapter error: " + _message(e),
                    extra={"traceback": traceback.format_exc()[-4000:]}, entry=entry)
+    seconds["first_call"] = round(time.perf_counter() - started, 3)
+    started = time.perf_counter()
     ref = reference_attention(problem)
     if tuple(out.shape) != tuple(ref.shape):
         return rec("wrong", reason=f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}",
@@ -136,7 +144,9 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
         else:
             what = f"max abs error {err['max_abs_err']:.4g} over tolerance"
         return rec("wrong", reason=f"{what} ({err['mismatched']} of {err['elements']} elements off)",
-                   error=err, entry=entry)
+                   error=err, entry=entry, extra={"seconds": seconds})
+    seconds["check"] = round(time.perf_counter() - started, 3)
+    started = time.perf_counter()
     timings: list[Timing] = []
     untimed: dict[str, str] = {}
     if config.timing and case.dtype in config.timed_dtypes:
@@ -158,6 +168,10 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
             timings.append(Timing(shape.name, round(ms, 5), round(tflops, 3)))
             if device == "cuda":
                 torch.cuda.empty_cache()
-    return rec("pass", error=err, timings=tuple(timings), entry=entry,
-               extra={"untimed": untimed} if untimed else {})
+    if timings or untimed:
+        seconds["timing"] = round(time.perf_counter() - started, 3)
+    extra: dict = {"seconds": seconds}
+    if untimed:
+        extra["untimed"] = untimed
+    return rec("pass", error=err, timings=tuple(timings), entry=entry, extra=extra)
 

@@ -6,16 +6,19 @@
 # the FA2 build, FlashInfer's compiled modules and half of a sweep on it.
 #
 #   phase      carry                   what it does
-#   stage      .gpu/a                  stages FA4's first bundle; starts the FA2 build (~15 min) in the
-#                                      background (needs the flash-attn sdist and build-fa2.sh in .gpu/a)
-#   fa4        .gpu/b .resume          installs FA4; measures 1 GPU against all GPUs on the same cases;
-#                                      starts the main sweep (FA4, FA3, SDPA's four) in the background
+#   stage      .gpu/a                  stages FA4's first bundle; starts the FA2 build (~15 min on 16
+#                                      cores) in the background (flash-attn sdist + build-fa2.sh in .gpu/a)
 #   fi-stage   .gpu/fi/a               stages FlashInfer's first bundle
-#   fi         .gpu/fi/b               installs FlashInfer; starts its sweeps (TRT-LLM, FlashInfer) in the
-#                                      background
-#   fa2        -                       waits for the FA2 build, sweeps FA2, runs `pytest -m gpu`
-#   collect    -                       waits up to WAIT s for the background sweeps, copies everything
+#   fi         .gpu/fi/b .resume       installs FlashInfer; starts two sweeps in the background: XQA
+#                                      decode (trtllm_decode) and FlashInfer's own kernels (MLA dims first)
+#   fa4        .gpu/b .resume          installs FA4; starts the main sweep (FA4, FA3, SDPA's four) and the
+#                                      FA2 job (waits for the build; 1 GPU against all on FA2's bf16 cases,
+#                                      then the rest of FA2, and `pytest -m gpu`) in the background
+#   collect    -                       waits up to WAIT s for every background job, saves FlashInfer's
+#                                      compiled modules, copies everything
 #
+# Order: the two installs that share /tmp/site (fi, fa4) come before any sweep reads it, the FA2 build
+# (the longest job) first of all. Then `collect` calls, back to back, until everything is done.
 # Every phase ends by copying the result files and logs so far to $OUT and printing progress.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,7 +30,8 @@ env_files() { for f in /tmp/gpu-env.sh /tmp/fi-env.sh; do [[ -f $f ]] && . "$f";
 
 background() {  # name command...: runs on after this call returns (until the machine goes back)
   local name=$1; shift
-  setsid nohup bash -c "$*" > "$state/$name.bg.log" 2>&1 < /dev/null &
+  touch "$state/$name.started"   # `collect` waits for a .done beside every .started
+  setsid nohup bash -c "( $* ); touch $state/$name.done" > "$state/$name.bg.log" 2>&1 < /dev/null &
   echo "started $name in the background (pid $!)"
 }
 
@@ -66,45 +70,57 @@ stage)
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
   nproc
   ;;
-fa4)
-  bash .gpu/b/install.sh || exit 1
-  env_files
-  ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-  if (( ngpu > 1 )); then
-    # The same cases on one GPU (a scratch file) and on all of them (kept): the ratio of wall times.
-    ratio=(sdpa_efficient 240 --head-dims 64,128,256 --timed-dtypes bfloat16)
-    RESULTS=ratio-1gpu GPUS=0 WORKERS=8 bash scripts/h200-sweep.sh "${ratio[@]}"
-    WORKERS=$((8 * ngpu)) bash scripts/h200-sweep.sh "${ratio[@]}"
-  fi
-  background main ". /tmp/gpu-env.sh; WORKERS=$((12 * ngpu)) bash scripts/h200-sweep.sh \
-    fa4,fa3,sdpa_cudnn,sdpa_flash,sdpa_efficient,sdpa_math ${MAIN_LIMIT:-1500} --timed-dtypes bfloat16"
-  ;;
 fi-stage)
   bash scripts/install-flashinfer.sh stage
   ;;
 fi)
   bash scripts/install-flashinfer.sh || exit 1
-  # The TRT-LLM paths first (trtllm-gen ends `unavailable` at once here; XQA compiles), then FlashInfer's
-  # own kernels on MLA prefill dims and head dim 128, then the rest of bf16 as time allows.
-  sweep="TIMEOUT=1500 RESULTS=sm_90-flashinfer bash scripts/h200-sweep.sh"
-  background fi ". /tmp/fi-env.sh; $sweep trtllm_ragged,trtllm_context 300 --no-timing; \
-    WORKERS=16 $sweep flashinfer,trtllm_decode 1500 --dtypes bfloat16 --timed-dtypes bfloat16 \
-      --ops decode,mla_prefill --head-dims 128,192x128,256,64; \
-    WORKERS=16 $sweep flashinfer 900 --dtypes bfloat16 --timed-dtypes bfloat16 --ops prefill --head-dims 128,64,256; \
-    WORKERS=16 $sweep flashinfer,trtllm_decode 900 --dtypes bfloat16 --timed-dtypes bfloat16"
+  # Two sweeps at once, one file each, so neither waits for the other's compiles: XQA decode (the
+  # TRT-LLM kernel that runs on sm_90) at the common head dims first, and FlashInfer's own kernels at
+  # the MLA prefill dims first. trtllm-gen (ragged, context) is already recorded `unavailable`.
+  # MAX_JOBS: ninja jobs per FlashInfer compile (its default is every core, in each of 24 workers).
+  sweep="TIMEOUT=1500 WORKERS=${FI_WORKERS:-12} MAX_JOBS=${FI_JOBS:-4} bash scripts/h200-sweep.sh"
+  timed="--timed-dtypes bfloat16"
+  background xqa ". /tmp/fi-env.sh; export RESULTS=sm_90-xqa; \
+    $sweep trtllm_decode 900 --ops decode --dtypes bfloat16 --head-dims 128,64,256 $timed; \
+    $sweep trtllm_decode 900 --ops decode $timed; \
+    $sweep trtllm_decode 300 --ops prefill,mla_prefill --no-timing"
+  background fi ". /tmp/fi-env.sh; export RESULTS=sm_90-flashinfer; \
+    $sweep flashinfer 900 --dtypes bfloat16 --head-dims 192x128,256,128 $timed; \
+    $sweep flashinfer 600 --dtypes float16 --ops mla_prefill $timed; \
+    $sweep flashinfer 900 --dtypes bfloat16 --head-dims 64,96,32,80,160,224,192,512 $timed; \
+    $sweep flashinfer 900 --dtypes float16 $timed"
   ;;
-fa2)
-  for _ in $(seq 1 "${WAIT:-540}"); do grep -q "built for" /root/fa2.log 2> /dev/null && break; \
-    grep -q "Error\|error:" /root/fa2.log 2> /dev/null && break; sleep 1; done
-  tail -n 3 /root/fa2.log
+fa4)
+  bash .gpu/b/install.sh || exit 1
   env_files
-  python3 -c 'import torch, flash_attn; print("flash_attn", flash_attn.__version__)' || exit 0
-  background gpu-tests ". /tmp/gpu-env.sh; [[ -f /tmp/fi-env.sh ]] && . /tmp/fi-env.sh; \
-    python3 -m pytest -m gpu -v -p no:cacheprovider tests > $state/pytest-gpu.txt 2>&1"
-  RESULTS=sm_90-fa2 bash scripts/h200-sweep.sh fa2 "${FA2_LIMIT:-400}"
+  ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+  background main ". /tmp/gpu-env.sh; WORKERS=$((12 * ngpu)) bash scripts/h200-sweep.sh \
+    fa4,fa3,sdpa_cudnn,sdpa_flash,sdpa_efficient,sdpa_math ${MAIN_LIMIT:-1500} --timed-dtypes bfloat16"
+  # FA2, once built: its bf16 cases on GPU 0 alone (a scratch file), the same cases on every GPU (kept):
+  # FA2 compiles nothing at run time, so the ratio of the two wall times is the multi-GPU scaling. Then
+  # the rest of FA2 (fp16, validated), and the GPU tests.
+  fa2="RESULTS=sm_90-fa2 WORKERS=$((8 * ngpu)) bash scripts/h200-sweep.sh fa2 600"
+  background fa2 ". /tmp/gpu-env.sh; while [[ ! -f $state/fa2-build.done ]]; do sleep 2; done; tail -n 3 /root/fa2.log; python3 -c 'import torch, flash_attn' || exit 1; \
+    RESULTS=ratio-fa2-1gpu GPUS=0 WORKERS=8 bash scripts/h200-sweep.sh fa2 600 --dtypes bfloat16 --timed-dtypes bfloat16; \
+    $fa2 --dtypes bfloat16 --timed-dtypes bfloat16; \
+    $fa2 --timed-dtypes bfloat16; \
+    [[ -f /tmp/fi-env.sh ]] && . /tmp/fi-env.sh; \
+    timeout 900 python3 -m pytest -m gpu -v -p no:cacheprovider tests > $state/pytest-gpu.txt 2>&1"
   ;;
 collect)
-  for _ in $(seq 1 "${WAIT:-0}"); do pgrep -f "attnmatrix probe" > /dev/null || break; sleep 1; done
+  for _ in $(seq 1 "${WAIT:-0}"); do
+    pending=0
+    for s in "$state"/*.started; do [[ -f ${s%.started}.done ]] || pending=1; done
+    (( pending )) || break
+    sleep 1
+  done
+  for s in "$state"/*.started; do [[ -f ${s%.started}.done ]] && echo "done: $(basename "${s%.started}")" \
+    || echo "still running: $(basename "${s%.started}")"; done
+  if [[ -f /tmp/fi-env.sh ]]; then  # FlashInfer's compiled modules, for a later session (see install-flashinfer.sh)
+    bash scripts/install-flashinfer.sh save-cache "$OUT/fi-aot-xqa.tar.gz" 'xqa*' || true
+    bash scripts/install-flashinfer.sh save-cache "$OUT/fi-aot-batch.tar.gz" 'batch*' || true
+  fi
   ;;
 *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
