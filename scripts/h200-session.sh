@@ -11,7 +11,7 @@
 #   fi-stage   .gpu/fi/a               stages FlashInfer's first bundle
 #   fi         .gpu/fi/b .resume       installs FlashInfer; starts two sweeps in the background: XQA
 #                                      decode (trtllm_decode) and FlashInfer's own kernels (MLA dims first)
-#   fa4        .gpu/b .resume          installs FA4; starts the main sweep (FA4, FA3, SDPA's four) and the
+#   fa4        .gpu/b (.resume)         installs FA4; starts the main sweep (FA4, FA3, SDPA's four) and the
 #                                      FA2 job (waits for the build; 1 GPU against all on FA2's bf16 cases,
 #                                      then the rest of FA2, and `pytest -m gpu`) in the background
 #   collect    -                       waits up to WAIT s for every background job, saves FlashInfer's
@@ -26,6 +26,9 @@ cd "$here"
 phase=${1:?usage: h200-session.sh stage|fa4|fi-stage|fi|fa2|collect}
 state=/root/attnmatrix
 mkdir -p "$state" "${OUT:=$state/out}"
+seed_resume() {  # results carried in .resume/ seed this machine's result files (a later call need not carry them)
+  for f in .resume/*.jsonl; do [[ -f $f && ! -f $state/$(basename "$f") ]] && cp "$f" "$state/"; done; true
+}
 env_files() { for f in /tmp/gpu-env.sh /tmp/fi-env.sh; do [[ -f $f ]] && . "$f"; done; }
 
 background() {  # name command...: runs on after this call returns (until the machine goes back)
@@ -74,6 +77,7 @@ fi-stage)
   bash scripts/install-flashinfer.sh stage
   ;;
 fi)
+  seed_resume
   bash scripts/install-flashinfer.sh || exit 1
   # Two sweeps at once, one file each, so neither waits for the other's compiles: XQA decode (the
   # TRT-LLM kernel that runs on sm_90) at the common head dims first, and FlashInfer's own kernels at
@@ -92,6 +96,7 @@ fi)
     $sweep flashinfer 900 --dtypes float16 $timed"
   ;;
 fa4)
+  seed_resume
   bash .gpu/b/install.sh || exit 1
   env_files
   ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
