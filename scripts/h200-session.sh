@@ -26,6 +26,10 @@ cd "$here"
 phase=${1:?usage: h200-session.sh stage|fa4|fi-stage|fi|fa2|collect}
 state=/root/attnmatrix
 mkdir -p "$state" "${OUT:=$state/out}"
+ensure_project() {  # once, before sweeps start in parallel (two concurrent `pip install -e .` can collide)
+  python3 -c 'import attnmatrix.cli' 2> /dev/null \
+    || python3 -m pip install -q --no-deps --no-build-isolation -e . > "$state/install.log" 2>&1 || cat "$state/install.log"
+}
 seed_resume() {  # results carried in .resume/ seed this machine's result files (a later call need not carry them)
   for f in .resume/*.jsonl; do [[ -f $f && ! -f $state/$(basename "$f") ]] && cp "$f" "$state/"; done; true
 }
@@ -77,7 +81,7 @@ fi-stage)
   bash scripts/install-flashinfer.sh stage
   ;;
 fi)
-  seed_resume
+  seed_resume; ensure_project
   bash scripts/install-flashinfer.sh || exit 1
   # Two sweeps at once, one file each, so neither waits for the other's compiles: XQA decode (the
   # TRT-LLM kernel that runs on sm_90) at the common head dims first, and FlashInfer's own kernels at
@@ -96,7 +100,7 @@ fi)
     $sweep flashinfer 900 --dtypes float16 $timed"
   ;;
 fa4)
-  seed_resume
+  seed_resume; ensure_project
   bash .gpu/b/install.sh || exit 1
   env_files
   ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
