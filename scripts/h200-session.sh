@@ -61,9 +61,12 @@ PY
 
 copy_out() {  # at most 8 files come back: the result files first, then one archive of the logs
   local n=0
+  # background sweeps copy their files into the $OUT they were started with; only this list comes back
+  find "$OUT" -mindepth 1 -delete 2> /dev/null
   for f in "$state"/*.jsonl; do
     [[ -f $f && $n -lt 6 ]] && cp "$f" "$OUT/" && n=$((n + 1))
   done
+  for f in "$state"/fi-aot-*.tar.gz; do [[ -f $f && $n -lt 7 ]] && cp "$f" "$OUT/" && n=$((n + 1)); done
   tar -czf "$OUT/logs.tar.gz" -C "$state" --ignore-failed-read $(cd "$state" && ls *.log *.summary.json *.txt 2>/dev/null) \
     /root/fa2.log 2> /dev/null || true
 }
@@ -127,8 +130,8 @@ collect)
   for s in "$state"/*.started; do [[ -f ${s%.started}.done ]] && echo "done: $(basename "${s%.started}")" \
     || echo "still running: $(basename "${s%.started}")"; done
   if [[ -f /tmp/fi-env.sh ]]; then  # FlashInfer's compiled modules, for a later session (see install-flashinfer.sh)
-    bash scripts/install-flashinfer.sh save-cache "$OUT/fi-aot-xqa.tar.gz" 'xqa*' || true
-    bash scripts/install-flashinfer.sh save-cache "$OUT/fi-aot-batch.tar.gz" 'batch*' || true
+    bash scripts/install-flashinfer.sh save-cache "$state/fi-aot-xqa.tar.gz" 'xqa*' || true
+    bash scripts/install-flashinfer.sh save-cache "$state/fi-aot-batch.tar.gz" 'batch*' || true
   fi
   ;;
 *) echo "unknown phase $phase" >&2; exit 2 ;;
