@@ -37,7 +37,8 @@ policy (attnmatrix.matrix.policy: answer + order_backends) gives for the same qu
   reported by `explain`); a feature nothing answers makes it unknown. Unknown is never supported.
 - Supported backends are ordered by measured latency on that arch (median over the timed shapes;
   for a composed query, the slowest component), then, where unmeasured, by the first declared
-  ranking that applies (upstream performance claims, cited), then by the backend's default rank.
+  ranking that applies (upstream performance claims, cited), then by the backend's default rank on
+  that arch (_DEFAULT_RANK: backends.json's default_rank, which may differ by capability major).
 - An arch with no evidence (e.g. capability (7, 5) here) is never guessed: select_backends
   returns [], explain returns {}, get_flash_attn_version returns None and
   get_mla_prefill_backend_priorities returns []. Archs with evidence: ARCHS.
@@ -279,20 +280,18 @@ _BACKENDS = {
     'sm_110': ('fa4', 'trtllm_decode'),
     'sm_120': ('fa2', 'fa4', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged'),
 }
-# Documented default ranks (lower first), used only where nothing is measured or declared.
+# Documented default ranks (lower first), used only where nothing is measured or declared: per arch, each
+# backend's default_rank there (matrix/data/backends.json; it may differ by capability major, as vLLM's
+# defaults do).
 _DEFAULT_RANK = {
-    'fa2': 12,
-    'fa3': 11,
-    'fa4': 10,
-    'flashinfer': 23,
-    'sdpa_cpu': 40,
-    'sdpa_cudnn': 30,
-    'sdpa_efficient': 32,
-    'sdpa_flash': 31,
-    'sdpa_math': 39,
-    'trtllm_context': 21,
-    'trtllm_decode': 22,
-    'trtllm_ragged': 20,
+    'sm_80': {'fa2': 12, 'fa3': 11, 'fa4': 10, 'flashinfer': 23, 'sdpa_cpu': 40, 'sdpa_cudnn': 30, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20},
+    'sm_86': {'fa2': 12, 'fa3': 11, 'fa4': 10, 'flashinfer': 23, 'sdpa_cpu': 40, 'sdpa_cudnn': 30, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20},
+    'sm_89': {'fa2': 12, 'fa3': 11, 'fa4': 10, 'flashinfer': 23, 'sdpa_cpu': 40, 'sdpa_cudnn': 30, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20},
+    'sm_90': {'fa2': 12, 'fa3': 11, 'fa4': 10, 'flashinfer': 23, 'sdpa_cpu': 40, 'sdpa_cudnn': 30, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20},
+    'sm_100': {'fa2': 12, 'fa3': 11, 'fa4': 10, 'flashinfer': 23, 'sdpa_cpu': 40, 'sdpa_cudnn': 30, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20},
+    'sm_103': {'fa2': 12, 'fa3': 11, 'fa4': 10, 'flashinfer': 23, 'sdpa_cpu': 40, 'sdpa_cudnn': 30, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20},
+    'sm_110': {'fa2': 12, 'fa3': 11, 'fa4': 10, 'flashinfer': 23, 'sdpa_cpu': 40, 'sdpa_cudnn': 30, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20},
+    'sm_120': {'fa2': 12, 'fa3': 11, 'fa4': 10, 'flashinfer': 23, 'sdpa_cpu': 40, 'sdpa_cudnn': 30, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20},
 }
 _FA_VERSION = {
     'fa2': 2,
@@ -10117,9 +10116,10 @@ def _query(capability, head_size, head_size_v, op, dtype, causal, sliding_window
         return [], [], None
     answers = [_answer(arch, b, op, dtype, hd, hdv, feats) for b in backends]
     ranking = _ranking(arch, op, dtype, hd, hdv)
+    ranks = _DEFAULT_RANK[arch]
 
     def key(a):
-        default = _DEFAULT_RANK.get(a[0], 50)
+        default = ranks.get(a[0], 50)
         if a[6] is not None:
             return (0, a[6], default, a[0])
         if ranking is not None and a[0] in ranking[5]:
@@ -10152,18 +10152,18 @@ def select_backends(capability, head_size, head_size_v=None, *, op="prefill", dt
     return list(hit)
 
 
-def _basis(a, ranking):
+def _basis(a, ranking, arch):
     if a[6] is not None:
         return f"latency {a[6]:.6g} ms, by measured latency"
     if ranking is not None and a[0] in ranking[5]:
         return f"unmeasured, by declared ranking {ranking[0]} ({'; '.join(ranking[6])})"
-    return f"unmeasured, by default rank {_DEFAULT_RANK.get(a[0], 50)}"
+    return f"unmeasured, by default rank {_DEFAULT_RANK[arch].get(a[0], 50)}"
 
 
-def _explain_one(a, position, n, ranking):
+def _explain_one(a, position, n, ranking, arch):
     if a[1] == _SUPPORTED:
         evidence = " | ".join(f"{c[2] or 'no features'}: {_sources(c)}" for c in a[4])
-        return f"supported (#{position} of {n}, {a[2]}, {_basis(a, ranking)}); evidence: {evidence}"
+        return f"supported (#{position} of {n}, {a[2]}, {_basis(a, ranking, arch)}); evidence: {evidence}"
     if a[1] == _UNSUPPORTED:
         return "unsupported: " + "; ".join(f"{r} [evidence: {_sources(c)}]" for r, c in zip(a[3], a[5], strict=True))
     return "unknown: " + "; ".join(a[3])
@@ -10181,10 +10181,11 @@ def explain(capability, head_size, head_size_v=None, *, op="prefill", dtype="bfl
     """
     ordered, answers, ranking = _query(capability, head_size, head_size_v, op, dtype, causal, sliding_window,
                                        softcap, alibi, sinks, gqa, varlen, page_size, fp8)
-    out = {a[0]: _explain_one(a, i + 1, len(ordered), ranking) for i, a in enumerate(ordered)}
+    arch = _arch(capability)
+    out = {a[0]: _explain_one(a, i + 1, len(ordered), ranking, arch) for i, a in enumerate(ordered)}
     for a in sorted(answers, key=lambda a: a[0]):
         if a[0] not in out:
-            out[a[0]] = _explain_one(a, None, len(ordered), ranking)
+            out[a[0]] = _explain_one(a, None, len(ordered), ranking, arch)
     return out
 
 

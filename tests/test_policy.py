@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import itertools
+import json
+import re
+from pathlib import Path
 
 import pytest
-from attnmatrix.matrix.evidence import Evidence, Ranking
+from attnmatrix.matrix.evidence import (
+    DEFAULT_RANK_MISSING,
+    Evidence,
+    Ranking,
+    arch_family,
+    default_rank,
+    load_backends,
+)
 from attnmatrix.matrix.policy import (
     SUPPORTED,
     UNKNOWN,
@@ -17,6 +27,7 @@ from attnmatrix.matrix.policy import (
     resolve_cell,
     version_key,
 )
+from attnmatrix.matrix.storage import InputError
 
 # --- versions ----------------------------------------------------------------------------------
 
@@ -285,3 +296,66 @@ def test_order_drops_unsupported_and_unknown(make_rec) -> None:
     got = order_backends(m, _answers(m, ["fa4", "fa2", "sdpa_cudnn", "trtllm_ragged"]), "sm_90", "prefill",
                          "bfloat16", 128, 128)
     assert [a.backend for a in got] == ["fa2"]
+
+
+# --- default rank per arch -----------------------------------------------------------------------
+
+
+def test_arch_family() -> None:
+    assert [arch_family(a) for a in ("sm_80", "sm_89", "sm_90", "sm_100", "sm_103", "sm_120", "cpu", None)] == \
+        ["sm_8x", "sm_8x", "sm_9x", "sm_10x", "sm_10x", "sm_12x", None, None]
+
+
+def test_default_rank_int_family_and_fallback() -> None:
+    backends = {"per": {"default_rank": {"*": 5, "sm_9x": 1, "sm_12x": 7}}, "flat": {"default_rank": 3}, "none": {}}
+    assert [default_rank(backends, "per", a) for a in ("sm_80", "sm_90", "sm_100", "sm_120", "cpu", None)] == \
+        [5, 1, 5, 7, 5, 5]
+    assert {default_rank(backends, "flat", a) for a in ("sm_80", "sm_90", "cpu", None)} == {3}
+    assert default_rank(backends, "none", "sm_90") == DEFAULT_RANK_MISSING
+    assert default_rank(backends, "not_listed", "sm_90") == DEFAULT_RANK_MISSING
+
+
+def _write_backends(tmp_path, entries: dict) -> Path:
+    path = tmp_path / "backends.json"
+    path.write_text(json.dumps({"schema": 1, "backends": entries}), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("10", "neither an int nor an object"),
+    (1.5, "neither an int nor an object"),
+    (True, "neither an int nor an object"),
+    (None, "neither an int nor an object"),
+    ([10, 11], "neither an int nor an object"),
+    ({"*": 1, "sm_90": 2}, "unknown key 'sm_90'"),
+    ({"*": 1, "sm_9X": 2}, "unknown key 'sm_9X'"),
+    ({"*": 1, "9x": 2}, "unknown key '9x'"),
+    ({"*": 1, "any": 2}, "unknown key 'any'"),
+    ({"*": "1"}, "the rank for '*' is '1', not an int"),
+    ({"*": 1, "sm_10x": False}, "the rank for 'sm_10x' is False, not an int"),
+    ({"sm_9x": 1}, "missing the \"*\" key"),
+    ({}, "missing the \"*\" key"),
+])
+def test_malformed_default_rank_is_rejected(tmp_path, value, says: str) -> None:
+    path = _write_backends(tmp_path, {"fa4": {"default_rank": 10}, "fa2": {"default_rank": value}})
+    with pytest.raises(InputError) as e:
+        load_backends(path)
+    assert [(p.file, p.field) for p in e.value.problems] == [(str(path), "backends.fa2.default_rank")]
+    assert says in e.value.problems[0].message
+    # the one reader refuses it too, naming the backend and the field
+    with pytest.raises(ValueError, match=r"backend 'fa2': default_rank: .*" + re.escape(says)):
+        default_rank({"fa2": {"default_rank": value}}, "fa2", "sm_90")
+
+
+def test_every_malformed_backend_is_reported(tmp_path) -> None:
+    path = _write_backends(tmp_path, {"a": {"default_rank": "x"}, "b": {"default_rank": 1},
+                                      "c": {"default_rank": {"sm_9x": 1}}, "d": "not an object"})
+    with pytest.raises(InputError) as e:
+        load_backends(path)
+    assert [p.field for p in e.value.problems] == ["backends.a.default_rank", "backends.c.default_rank", "backends.d"]
+    assert str(path) in str(e.value)
+
+
+def test_well_formed_default_ranks_load(tmp_path) -> None:
+    entries = {"a": {"default_rank": 3}, "b": {"default_rank": {"*": 1, "sm_8x": 2, "sm_10x": 0}}, "c": {}}
+    assert load_backends(_write_backends(tmp_path, entries)) == entries
