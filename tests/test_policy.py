@@ -300,6 +300,21 @@ def test_order_drops_unsupported_and_unknown(make_rec) -> None:
 
 # --- default rank per arch -----------------------------------------------------------------------
 
+FA = ("fa2", "fa3", "fa4")
+# What the unmeasured order must be on each arch with the embedded backends.json: vLLM's default FlashAttention
+# version first (get_flash_attn_version: FA3 on capability major 9, FA4 on major 10, FA2 on every other major).
+EMBEDDED_FA_ORDER = {
+    "sm_80": ["fa2", "fa4", "fa3"], "sm_86": ["fa2", "fa4", "fa3"], "sm_89": ["fa2", "fa4", "fa3"],
+    "sm_90": ["fa3", "fa4", "fa2"],
+    "sm_100": ["fa4", "fa2", "fa3"], "sm_103": ["fa4", "fa2", "fa3"],
+    "sm_110": ["fa2", "fa4", "fa3"], "sm_120": ["fa2", "fa4", "fa3"], "sm_121": ["fa2", "fa4", "fa3"],
+}
+
+
+def _order_on(m, arch, backends, head_dim=128):
+    answers = [answer(m, arch, b, "prefill", "bfloat16", head_dim, head_dim, ("causal",)) for b in backends]
+    return [a.backend for a in order_backends(m, answers, arch, "prefill", "bfloat16", head_dim, head_dim)]
+
 
 def test_arch_family() -> None:
     assert [arch_family(a) for a in ("sm_80", "sm_89", "sm_90", "sm_100", "sm_103", "sm_120", "cpu", None)] == \
@@ -313,6 +328,31 @@ def test_default_rank_int_family_and_fallback() -> None:
     assert {default_rank(backends, "flat", a) for a in ("sm_80", "sm_90", "cpu", None)} == {3}
     assert default_rank(backends, "none", "sm_90") == DEFAULT_RANK_MISSING
     assert default_rank(backends, "not_listed", "sm_90") == DEFAULT_RANK_MISSING
+
+
+@pytest.mark.parametrize("arch", sorted(EMBEDDED_FA_ORDER))
+def test_embedded_default_rank_follows_vllm_per_arch(make_rec, arch: str) -> None:
+    """Nothing measured: the embedded backends.json puts FA2 first on sm_8x/sm_11x/sm_12x, FA3 on sm_90, FA4 on
+    sm_10x, as vLLM's get_flash_attn_version does."""
+    records = [make_rec(arch=arch, backend=b, tier="declared") for b in FA]
+    m = resolve(Evidence(records=records, where=["t"] * len(records), backends=load_backends()))
+    assert _order_on(m, arch, FA) == EMBEDDED_FA_ORDER[arch]
+
+
+def test_measured_latency_beats_default_rank(make_rec) -> None:
+    backends = load_backends()
+    # sm_90: fa3 ranks first by default, but a measured fa2 (however slow) comes before every unmeasured one
+    records = [make_rec(arch="sm_90", backend="fa2", latency_ms=9.0),
+               make_rec(arch="sm_90", backend="fa3", tier="declared"),
+               make_rec(arch="sm_90", backend="fa4", tier="declared")]
+    m = resolve(Evidence(records=records, where=["t"] * 3, backends=backends))
+    assert _order_on(m, "sm_90", FA) == ["fa2", "fa3", "fa4"]
+    # sm_80: fa2 ranks first by default; measured fa4 wins, and among measured ones latency decides
+    records = [make_rec(arch="sm_80", backend="fa4", latency_ms=2.0),
+               make_rec(arch="sm_80", backend="fa3", latency_ms=1.0),
+               make_rec(arch="sm_80", backend="fa2", tier="declared")]
+    m = resolve(Evidence(records=records, where=["t"] * 3, backends=backends))
+    assert _order_on(m, "sm_80", FA) == ["fa3", "fa4", "fa2"]
 
 
 def _write_backends(tmp_path, entries: dict) -> Path:
