@@ -145,7 +145,7 @@ def plot_index(m: ResolvedMatrix) -> dict[str, ArchPlots]:
     for arch in sorted(per, key=arch_sort_key):
         panels = tuple((p, tuple(sorted(per[arch].get(p, []), key=_point_key))) for p in PANELS)
         points = [pt for _, pts in panels for pt in pts]
-        backends = tuple(sorted({pt.backend for pt in points}, key=lambda b: T.backend_order_key(m, b)))
+        backends = tuple(sorted({pt.backend for pt in points}, key=lambda b: T.backend_order_key(m, b, arch)))
         has_peak = any(pt.peak_fraction is not None for pt in points)
         out[arch] = ArchPlots(arch, backends, tuple(sorted({pt.device for pt in points if pt.device})), panels,
                               f"{PLOT_DIR}/{arch}-tflops.svg", f"{PLOT_DIR}/{arch}-peak.svg" if has_peak else None)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from attnmatrix.matrix.cases import DTYPES, FEATURES, MLA_HEAD_DIMS, OPS, feature_name
 from attnmatrix.matrix.cases import page_size as case_page_size
+from attnmatrix.matrix.evidence import default_rank
 from attnmatrix.matrix.policy import (
     SUPPORTED,
     UNKNOWN,
@@ -95,8 +96,9 @@ def feature_string(features: Iterable[str]) -> str:
     return "+".join(features)
 
 
-def backend_order_key(m: ResolvedMatrix, backend: str) -> tuple:
-    return (m.backends.get(backend, {}).get("default_rank", 50), backend)
+def backend_order_key(m: ResolvedMatrix, backend: str, arch: str | None = None) -> tuple:
+    """Presentation order of backends: by default rank on `arch` (None: the "*" rank, for arch-free lists)."""
+    return (default_rank(m.backends, backend, arch), backend)
 
 
 def tier_mark(tier: str | None) -> str:
@@ -153,7 +155,7 @@ def order_basis(m: ResolvedMatrix, q: Query, a: Answer) -> str:
     r = applicable_ranking(m, q)
     if r is not None and a.backend in r.order:
         return f"unmeasured, by declared ranking {r.id} ({'; '.join(r.sources)})"
-    return f"unmeasured, by default rank {m.backends.get(a.backend, {}).get('default_rank', 50)}"
+    return f"unmeasured, by default rank {default_rank(m.backends, a.backend, q.arch)}"
 
 
 def _evidence(cells: Sequence[ResolvedCell]) -> str:
@@ -262,7 +264,7 @@ class SelectorTables:
     backends: dict[str, list[str]]  # arch -> backends considered
     rows: dict[str, dict[tuple[str, str, str], list[str]]]  # arch -> (backend, op, dtype) -> row lines
     rankings: list[tuple]
-    default_rank: dict[str, int]
+    default_rank: dict[str, dict[str, int]]  # arch -> backend -> its default rank there
     fa_version: dict[str, int]
     mla_name: dict[str, str]
     ops: list[str]
@@ -303,7 +305,7 @@ def selector_tables(m: ResolvedMatrix) -> SelectorTables:
         backends={a: backends_for_arch(m, a) for a in archs},
         rows={a: dict(sorted(v.items())) for a, v in rows.items()},
         rankings=rankings,
-        default_rank={b: int(m.backends[b].get("default_rank", 50)) for b in public},
+        default_rank={a: {b: default_rank(m.backends, b, a) for b in public} for a in archs},
         fa_version=fa_versions(m), mla_name=mla_names(m),
         ops=list(OPS), dtypes=list(DTYPES), features=list(FEATURES),
         fa_common_head_sizes=list(FA_COMMON_HEAD_SIZES), n_cells=len(cells),
@@ -500,7 +502,7 @@ def arch_pages(m: ResolvedMatrix) -> list[ArchPage]:
     pages = []
     for arch in sorted({c.case.arch for c in cells}, key=arch_sort_key):
         mine = [c for c in cells if c.case.arch == arch]
-        backends = sorted({c.case.backend for c in mine}, key=lambda b: backend_order_key(m, b))
+        backends = sorted({c.case.backend for c in mine}, key=lambda b: backend_order_key(m, b, arch))
         counts, sections = [], []
         for b in backends:
             cs = sorted((c for c in mine if c.case.backend == b),

@@ -36,7 +36,8 @@ KINDS = (
     ("unsupported", "vLLM's pick unsupported", "vLLM's pick is unsupported by the evidence"),
     ("no_evidence", "no evidence for vLLM's pick", "no evidence for vLLM's pick here"),
     ("vllm_none", "vLLM has no choice", "vLLM has no (probed) choice"),
-    ("by_rank", "neither measured", "neither measured: attnmatrix orders by declared ranking or default rank"),
+    ("by_rank", "neither measured",
+     "neither measured: attnmatrix orders by declared ranking or the arch's default rank"),
 )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,12 +61,83 @@ class Evidence:
         self.backends = self.backends or other.backends
 
 
+# --- backend metadata: default_rank -----------------------------------------------------------------
+#
+# `default_rank` orders supported backends where nothing is measured and no declared ranking applies (lower
+# first). It is either an int (the same on every arch) or an object mapping keys to ints, where a key is
+# "*" (every arch no other key names; required) or a capability-major family "sm_<major>x" ("sm_8x" covers
+# sm_80, sm_86, sm_89; "sm_10x" covers sm_100, sm_103; "sm_12x" covers sm_120, sm_121). The family key wins
+# over "*". Families, not single archs, because vLLM's defaults (get_flash_attn_version) are decided by the
+# capability major. A backend without `default_rank` ranks DEFAULT_RANK_MISSING, after every listed one.
+
+DEFAULT_RANK_FIELD = "default_rank"
+DEFAULT_RANK_MISSING = 50
+DEFAULT_RANK_ANY = "*"
+ARCH_FAMILY_RE = re.compile(r"sm_([1-9][0-9]?)x")
+
+
+def arch_family(arch: str | None) -> str | None:
+    """The capability-major family key of an arch: `sm_90` -> `sm_9x`, `sm_100` -> `sm_10x`; None for `cpu`."""
+    if arch is None or not arch.startswith("sm_") or not arch[3:].isdigit() or len(arch) < 5:
+        return None
+    return f"sm_{int(arch[3:-1])}x"
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def default_rank_problem(value: object) -> str | None:
+    """What is wrong with a `default_rank` value, or None when it is well formed."""
+    if _is_int(value):
+        return None
+    if not isinstance(value, dict):
+        return (f"{value!r} is neither an int nor an object mapping \"*\" and capability-major families "
+                "(\"sm_9x\", \"sm_10x\") to ints")
+    for k, v in value.items():
+        if k != DEFAULT_RANK_ANY and not (isinstance(k, str) and ARCH_FAMILY_RE.fullmatch(k)):
+            return (f"unknown key {k!r} (a key is \"*\" or a capability-major family \"sm_<major>x\", "
+                    "e.g. \"sm_8x\", \"sm_9x\", \"sm_10x\", \"sm_12x\")")
+        if not _is_int(v):
+            return f"the rank for {k!r} is {v!r}, not an int"
+    if DEFAULT_RANK_ANY not in value:
+        return "missing the \"*\" key (the rank on every arch no other key names)"
+    return None
+
+
+def default_rank(backends: dict[str, dict], backend: str, arch: str | None) -> int:
+    """The documented default rank of `backend` on `arch` (lower first); `arch` None means "*" (no arch).
+
+    The one reader of `default_rank`: policy.order_backends, the generator's tables and the generated selector's
+    per-arch table all go through it. A malformed value raises ValueError naming the backend and the field
+    (load_backends reports the same message, with the file, before anything is read).
+    """
+    value = backends.get(backend, {}).get(DEFAULT_RANK_FIELD, DEFAULT_RANK_MISSING)
+    problem = default_rank_problem(value)
+    if problem is not None:
+        raise ValueError(f"backend {backend!r}: {DEFAULT_RANK_FIELD}: {problem}")
+    if not isinstance(value, dict):
+        return value
+    family = arch_family(arch)
+    return value[family] if family in value else value[DEFAULT_RANK_ANY]
+
+
 def load_backends(path: Path = BACKENDS_FILE) -> dict[str, dict]:
+    """Backend metadata (`backends` of backends.json). Every malformed entry is reported, with file and field."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return dict(data["backends"])
+        backends = dict(data["backends"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError([Problem(str(path), None, "backends", f"cannot load backend metadata: {e}")]) from e
+    problems = []
+    for name, meta in backends.items():
+        if not isinstance(meta, dict):
+            problems.append(Problem(str(path), None, f"backends.{name}", f"expected an object, got {meta!r}"))
+        elif (problem := default_rank_problem(meta.get(DEFAULT_RANK_FIELD, DEFAULT_RANK_MISSING))) is not None:
+            problems.append(Problem(str(path), None, f"backends.{name}.{DEFAULT_RANK_FIELD}", problem))
+    if problems:
+        raise InputError(problems)
+    return backends
 
 
 def expand_fact(fact: dict) -> list[Record]:

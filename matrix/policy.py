@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from packaging.version import InvalidVersion, Version
 
 from .cases import Case
-from .evidence import Evidence, Ranking
+from .evidence import Evidence, Ranking, default_rank
 from .records import POSITIVE_OUTCOMES, UNINFORMATIVE_OUTCOMES, Record
 
 SUPPORTED, UNSUPPORTED, UNKNOWN = "supported", "unsupported", "unknown"
@@ -268,11 +268,12 @@ def answer(m: ResolvedMatrix, arch: str, backend: str, op: str, dtype: str, head
 
 def order_backends(m: ResolvedMatrix, answers: list[Answer], arch: str, op: str, dtype: str, head_dim: int,
                    head_dim_v: int) -> list[Answer]:
-    """Supported answers, fastest measured first; then declared rankings; then the documented default."""
+    """Supported answers, fastest measured first; then declared rankings; then the documented default for `arch`
+    (`default_rank` in backends.json, which may differ per capability major: evidence.default_rank)."""
     ranking = next((r for r in m.rankings if r.applies(arch, op, dtype, head_dim, head_dim_v)), None)
 
     def key(a: Answer) -> tuple:
-        default = m.backends.get(a.backend, {}).get("default_rank", 50)
+        default = default_rank(m.backends, a.backend, arch)
         if a.latency_ms is not None:
             return (0, a.latency_ms, default, a.backend)
         if ranking is not None and a.backend in ranking.order:

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import itertools
+import json
+import re
+from pathlib import Path
 
 import pytest
-from attnmatrix.matrix.evidence import Evidence, Ranking
+from attnmatrix.matrix.evidence import (
+    DEFAULT_RANK_MISSING,
+    Evidence,
+    Ranking,
+    arch_family,
+    default_rank,
+    load_backends,
+)
 from attnmatrix.matrix.policy import (
     SUPPORTED,
     UNKNOWN,
@@ -17,6 +27,7 @@ from attnmatrix.matrix.policy import (
     resolve_cell,
     version_key,
 )
+from attnmatrix.matrix.storage import InputError
 
 # --- versions ----------------------------------------------------------------------------------
 
@@ -285,3 +296,106 @@ def test_order_drops_unsupported_and_unknown(make_rec) -> None:
     got = order_backends(m, _answers(m, ["fa4", "fa2", "sdpa_cudnn", "trtllm_ragged"]), "sm_90", "prefill",
                          "bfloat16", 128, 128)
     assert [a.backend for a in got] == ["fa2"]
+
+
+# --- default rank per arch -----------------------------------------------------------------------
+
+FA = ("fa2", "fa3", "fa4")
+# What the unmeasured order must be on each arch with the embedded backends.json: vLLM's default FlashAttention
+# version first (get_flash_attn_version: FA3 on capability major 9, FA4 on major 10, FA2 on every other major).
+EMBEDDED_FA_ORDER = {
+    "sm_80": ["fa2", "fa4", "fa3"], "sm_86": ["fa2", "fa4", "fa3"], "sm_89": ["fa2", "fa4", "fa3"],
+    "sm_90": ["fa3", "fa4", "fa2"],
+    "sm_100": ["fa4", "fa2", "fa3"], "sm_103": ["fa4", "fa2", "fa3"],
+    "sm_110": ["fa2", "fa4", "fa3"], "sm_120": ["fa2", "fa4", "fa3"], "sm_121": ["fa2", "fa4", "fa3"],
+}
+
+
+def _order_on(m, arch, backends, head_dim=128):
+    answers = [answer(m, arch, b, "prefill", "bfloat16", head_dim, head_dim, ("causal",)) for b in backends]
+    return [a.backend for a in order_backends(m, answers, arch, "prefill", "bfloat16", head_dim, head_dim)]
+
+
+def test_arch_family() -> None:
+    assert [arch_family(a) for a in ("sm_80", "sm_89", "sm_90", "sm_100", "sm_103", "sm_120", "cpu", None)] == \
+        ["sm_8x", "sm_8x", "sm_9x", "sm_10x", "sm_10x", "sm_12x", None, None]
+
+
+def test_default_rank_int_family_and_fallback() -> None:
+    backends = {"per": {"default_rank": {"*": 5, "sm_9x": 1, "sm_12x": 7}}, "flat": {"default_rank": 3}, "none": {}}
+    assert [default_rank(backends, "per", a) for a in ("sm_80", "sm_90", "sm_100", "sm_120", "cpu", None)] == \
+        [5, 1, 5, 7, 5, 5]
+    assert {default_rank(backends, "flat", a) for a in ("sm_80", "sm_90", "cpu", None)} == {3}
+    assert default_rank(backends, "none", "sm_90") == DEFAULT_RANK_MISSING
+    assert default_rank(backends, "not_listed", "sm_90") == DEFAULT_RANK_MISSING
+
+
+@pytest.mark.parametrize("arch", sorted(EMBEDDED_FA_ORDER))
+def test_embedded_default_rank_follows_vllm_per_arch(make_rec, arch: str) -> None:
+    """Nothing measured: the embedded backends.json puts FA2 first on sm_8x/sm_11x/sm_12x, FA3 on sm_90, FA4 on
+    sm_10x, as vLLM's get_flash_attn_version does."""
+    records = [make_rec(arch=arch, backend=b, tier="declared") for b in FA]
+    m = resolve(Evidence(records=records, where=["t"] * len(records), backends=load_backends()))
+    assert _order_on(m, arch, FA) == EMBEDDED_FA_ORDER[arch]
+
+
+def test_measured_latency_beats_default_rank(make_rec) -> None:
+    backends = load_backends()
+    # sm_90: fa3 ranks first by default, but a measured fa2 (however slow) comes before every unmeasured one
+    records = [make_rec(arch="sm_90", backend="fa2", latency_ms=9.0),
+               make_rec(arch="sm_90", backend="fa3", tier="declared"),
+               make_rec(arch="sm_90", backend="fa4", tier="declared")]
+    m = resolve(Evidence(records=records, where=["t"] * 3, backends=backends))
+    assert _order_on(m, "sm_90", FA) == ["fa2", "fa3", "fa4"]
+    # sm_80: fa2 ranks first by default; measured fa4 wins, and among measured ones latency decides
+    records = [make_rec(arch="sm_80", backend="fa4", latency_ms=2.0),
+               make_rec(arch="sm_80", backend="fa3", latency_ms=1.0),
+               make_rec(arch="sm_80", backend="fa2", tier="declared")]
+    m = resolve(Evidence(records=records, where=["t"] * 3, backends=backends))
+    assert _order_on(m, "sm_80", FA) == ["fa3", "fa4", "fa2"]
+
+
+def _write_backends(tmp_path, entries: dict) -> Path:
+    path = tmp_path / "backends.json"
+    path.write_text(json.dumps({"schema": 1, "backends": entries}), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("10", "neither an int nor an object"),
+    (1.5, "neither an int nor an object"),
+    (True, "neither an int nor an object"),
+    (None, "neither an int nor an object"),
+    ([10, 11], "neither an int nor an object"),
+    ({"*": 1, "sm_90": 2}, "unknown key 'sm_90'"),
+    ({"*": 1, "sm_9X": 2}, "unknown key 'sm_9X'"),
+    ({"*": 1, "9x": 2}, "unknown key '9x'"),
+    ({"*": 1, "any": 2}, "unknown key 'any'"),
+    ({"*": "1"}, "the rank for '*' is '1', not an int"),
+    ({"*": 1, "sm_10x": False}, "the rank for 'sm_10x' is False, not an int"),
+    ({"sm_9x": 1}, "missing the \"*\" key"),
+    ({}, "missing the \"*\" key"),
+])
+def test_malformed_default_rank_is_rejected(tmp_path, value, says: str) -> None:
+    path = _write_backends(tmp_path, {"fa4": {"default_rank": 10}, "fa2": {"default_rank": value}})
+    with pytest.raises(InputError) as e:
+        load_backends(path)
+    assert [(p.file, p.field) for p in e.value.problems] == [(str(path), "backends.fa2.default_rank")]
+    assert says in e.value.problems[0].message
+    # the one reader refuses it too, naming the backend and the field
+    with pytest.raises(ValueError, match=r"backend 'fa2': default_rank: .*" + re.escape(says)):
+        default_rank({"fa2": {"default_rank": value}}, "fa2", "sm_90")
+
+
+def test_every_malformed_backend_is_reported(tmp_path) -> None:
+    path = _write_backends(tmp_path, {"a": {"default_rank": "x"}, "b": {"default_rank": 1},
+                                      "c": {"default_rank": {"sm_9x": 1}}, "d": "not an object"})
+    with pytest.raises(InputError) as e:
+        load_backends(path)
+    assert [p.field for p in e.value.problems] == ["backends.a.default_rank", "backends.c.default_rank", "backends.d"]
+    assert str(path) in str(e.value)
+
+
+def test_well_formed_default_ranks_load(tmp_path) -> None:
+    entries = {"a": {"default_rank": 3}, "b": {"default_rank": {"*": 1, "sm_8x": 2, "sm_10x": 0}}, "c": {}}
+    assert load_backends(_write_backends(tmp_path, entries)) == entries

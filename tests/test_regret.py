@@ -13,7 +13,7 @@ from attnmatrix.generator import tables as T
 from attnmatrix.generator import vllm_comparison as VC
 from attnmatrix.generator import vllm_rules as V
 from attnmatrix.matrix.cases import feature_name, page_size
-from attnmatrix.matrix.evidence import Evidence, load_evidence
+from attnmatrix.matrix.evidence import Evidence, default_rank, load_backends, load_evidence
 from attnmatrix.matrix.policy import SUPPORTED, UNSUPPORTED, resolve
 from attnmatrix.matrix.records import parse_record
 
@@ -248,6 +248,30 @@ def test_embedded_matrix_first_choice_supported_never_rejected_and_fastest(embed
             assert c.regret(c.first) == 1.0, q
         n += 1
     assert n > 1000 and measured > 0
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103", "sm_110", "sm_120",
+                                  "sm_121"])
+def test_embedded_default_rank_puts_vllms_default_fa_version_first(arch):
+    """backends.json's per-arch default_rank follows vllm_rules' default FlashAttention version (no features, no
+    head size): where nothing is measured and no ranking applies, attnmatrix and vLLM agree on it."""
+    backends = load_backends()
+    fa = T.fa_versions(resolve(Evidence(backends=backends)))
+    first = min(fa, key=lambda b: (default_rank(backends, b, arch), b))
+    assert first == V.backend_for("FLASH_ATTN", V.flash_attn_version(V.capability_of(arch)).version)
+
+
+def test_embedded_neither_measured_only_where_vllm_leaves_its_default(embedded):
+    """Every remaining "neither measured" FlashAttention disagreement is a cell where vLLM moved off its
+    per-capability default for a feature (or a declared ranking orders attnmatrix's side)."""
+    n = 0
+    for c in VC.comparisons(embedded):
+        if c.decision != VC.FA_DECISION or not c.covered or c.kind != "by_rank":
+            continue
+        default = V.backend_for("FLASH_ATTN", V.flash_attn_version(V.capability_of(c.query.arch)).version)
+        assert c.vllm.backend != default or T.applicable_ranking(embedded, c.query) is not None, c.label
+        n += 1
+    assert n < 50  # was 432 with one global order (FA4, FA3, FA2 first on every arch)
 
 
 def test_embedded_regret_table_is_consistent(embedded):

@@ -262,3 +262,64 @@ def test_selector_imports_no_torch_and_nothing_of_ours(sel):
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# --- per-arch default ranks ------------------------------------------------------------------------
+
+PER_ARCH_BACKENDS = {
+    "fa2": {"fa_version": 2, "default_rank": {"*": 10, "sm_9x": 12, "sm_10x": 11}},
+    "fa3": {"fa_version": 3, "default_rank": {"*": 12, "sm_9x": 10, "sm_10x": 12}},
+    "fa4": {"fa_version": 4, "default_rank": {"*": 11, "sm_9x": 11, "sm_10x": 10}},
+    "sdpa_efficient": {"default_rank": 32},
+}
+PER_ARCH = ("sm_80", "sm_90", "sm_100", "sm_120")
+
+
+def per_arch_records():
+    out = [rec(a, b, C, tier="declared") for a in PER_ARCH for b in ("fa2", "fa3", "fa4", "sdpa_efficient")]
+    # at head size 64 on sm_90, fa2 is measured: it comes before the unmeasured fa3 that ranks first by default
+    out += [rec("sm_90", "fa2", C, hd=64, lat=3.0), rec("sm_90", "fa3", C, hd=64, tier="declared")]
+    return out
+
+
+@pytest.fixture(scope="module")
+def per_arch(tmp_path_factory):
+    m = resolve(Evidence(records=per_arch_records(), where=["t"] * len(per_arch_records()),
+                         backends={k: dict(v) for k, v in PER_ARCH_BACKENDS.items()}))
+    path = tmp_path_factory.mktemp("sel") / "selector_per_arch.py"
+    path.write_text(render_selector(m, {"matrix_id": "per-arch"}), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("selector_per_arch", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return m, mod
+
+
+def test_selector_applies_default_rank_per_arch(per_arch):
+    m, sel = per_arch
+    assert sel.select_backends((8, 0), 128) == ["fa2", "fa4", "fa3", "sdpa_efficient"]
+    assert sel.select_backends((9, 0), 128) == ["fa3", "fa4", "fa2", "sdpa_efficient"]
+    assert sel.select_backends((10, 0), 128) == ["fa4", "fa2", "fa3", "sdpa_efficient"]
+    assert sel.select_backends((12, 0), 128) == ["fa2", "fa4", "fa3", "sdpa_efficient"]
+    assert [sel.get_flash_attn_version(cap, head_size=128) for cap in ((8, 0), (9, 0), (10, 0), (12, 0))] == \
+        [2, 3, 4, 2]
+    # the explanation names the rank on the queried arch
+    assert "by default rank 10" in sel.explain((8, 0), 128)["fa2"]
+    assert "by default rank 12" in sel.explain((9, 0), 128)["fa2"]
+    assert "by default rank 11" in sel.explain((10, 0), 128)["fa2"]
+    assert "by default rank 32" in sel.explain((9, 0), 128)["sdpa_efficient"]
+    # a measurement still wins over the default rank
+    assert sel.select_backends((9, 0), 64) == ["fa2", "fa3"]
+    assert sel.get_flash_attn_version((9, 0), head_size=64) == 2
+    # the table the selector carries is the per-arch resolution of backends.json's default_rank
+    assert sel._DEFAULT_RANK["sm_90"] == {"fa2": 12, "fa3": 10, "fa4": 11, "sdpa_efficient": 32}
+    assert sel._DEFAULT_RANK["sm_120"] == {"fa2": 10, "fa3": 12, "fa4": 11, "sdpa_efficient": 32}
+
+
+def test_per_arch_selector_agrees_with_policy(per_arch):
+    m, sel = per_arch
+    for arch, hd in itertools.product(PER_ARCH, (64, 128)):
+        cap = (int(arch[3:-1]), int(arch[-1]))
+        for feats in ((), C):
+            kw = _flags(feats)
+            assert sel.select_backends(cap, hd, **kw) == _policy_order(m, arch, "prefill", "bfloat16", hd, hd, feats)
+            assert sel.explain(cap, hd, **kw) == T.explain_query(m, T.Query(arch, "prefill", "bfloat16", hd, hd, feats))
