@@ -160,6 +160,10 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
                 with exclusive_gpu():
                     ms = time_ms(tfn, device=device, budget_ms=config.budget_ms)
             except Exception as e:  # noqa: BLE001 - a shape the kernel refuses is noted, not fatal
+                if device_fault(e):  # a fault is no refusal: the kernel broke at this size, and the context with it
+                    return rec("crash", reason=f"kernel fault at timed shape {shape.name} (the check shape passed): "
+                               + _message(e), error=err, entry=entry,
+                               extra={"device_fault": True, "seconds": seconds})
                 untimed[shape.name] = _message(e)[:300]
                 continue
             finally:

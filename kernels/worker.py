@@ -73,14 +73,39 @@ def _run_with_memory_retry(run_case, case, config, base, backend, device: str):
         try:
             record = run_case(case, config, base, backend)
             if not (record.outcome == "crash" and (record.reason or "").startswith("out of memory")) or attempt == 2:
-                return record
+                return _released(record)
         except torch.OutOfMemoryError:
             if attempt == 2:
                 raise
-        finally:
-            torch.cuda.empty_cache()  # every worker keeps only what its current case needs
+        _released(None)
         time.sleep(5 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def _released(record):
+    """Empty this worker's CUDA cache (every worker keeps only what its current case needs).
+
+    A kernel fault can surface here, after the case returned: CUDA reports errors at the next
+    synchronising call. It belongs to the case that just ran, not to the next one, so its record
+    becomes a `crash` that says so (on the H200, FA4 at head dims 160/224 with paged KV did this).
+    """
+    import torch
+
+    from .probe import device_fault
+
+    try:
+        torch.cuda.empty_cache()
+    except Exception as e:  # noqa: BLE001 - only a device fault is ours to report
+        if record is None or not device_fault(e):
+            raise
+        if record.extra.get("device_fault"):
+            return record  # the probe already caught this fault, in the kernel's own call
+        from dataclasses import replace
+
+        note = f"kernel fault reported after the case (its record said {record.outcome!r}): {type(e).__name__}: {e}"
+        return replace(record, outcome="crash", reason=note[:2000], timings=(),
+                       extra={**record.extra, "device_fault": True})
+    return record
 
 
 if __name__ == "__main__":

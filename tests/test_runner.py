@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from attnmatrix.kernels.probe import ProbeConfig
 from attnmatrix.kernels.runner import RunnerConfig, run_cases
 from attnmatrix.matrix.cases import Case
@@ -225,3 +226,58 @@ def test_out_of_memory_on_a_shared_gpu_is_retried_not_recorded(monkeypatch) -> N
     assert rec.outcome == "crash" and rec.reason.startswith("out of memory")
     rec = worker._run_with_memory_retry(flaky(["crash", "pass"]), case, None, {}, None, "cpu")
     assert rec.outcome == "crash"  # on the CPU the limit is the worker's own: no retry
+
+
+def test_a_fault_reported_after_the_case_is_that_cases_crash(monkeypatch) -> None:
+    """CUDA reports a kernel's illegal access at the next synchronising call, which can be the worker's
+    cache release after the case returned (FA4, head dim 224 with paged KV, on the H200). The fault is
+    that case's `crash`; before, the worker died and the record read 'worker exited with status 1'."""
+    import torch
+    from attnmatrix.kernels import worker
+    from attnmatrix.matrix.records import Record
+
+    case = _case("sdpa_cpu")
+
+    def probe(outcome, **extra):
+        return lambda c, cfg, base, backend: Record(case=c, outcome=outcome, tier="validated", extra=extra,
+                                                    reason="kernel fault: CUDA error" if extra else None)
+
+    def fault():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", fault)
+    rec = worker._run_with_memory_retry(probe("pass"), case, None, {}, None, "cuda")
+    assert rec.outcome == "crash" and rec.extra["device_fault"] is True
+    assert rec.reason.startswith("kernel fault reported after the case (its record said 'pass')")
+    # a fault the probe already caught keeps the probe's own words
+    rec = worker._run_with_memory_retry(probe("crash", device_fault=True), case, None, {}, None, "cuda")
+    assert rec.reason == "kernel fault: CUDA error"
+    # anything else at the release is not a kernel fault and is not swallowed
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: (_ for _ in ()).throw(RuntimeError("driver gone")))
+    with pytest.raises(RuntimeError, match="driver gone"):
+        worker._run_with_memory_retry(probe("pass"), case, None, {}, None, "cuda")
+
+
+def test_a_fault_at_a_timed_shape_is_a_crash_not_an_untimed_note() -> None:
+    """A kernel that passes the check shape and faults at a larger timed shape broke: a `crash` saying
+    which shape, never a `pass` with that shape noted as untimed."""
+    from attnmatrix.kernels.base import Backend
+    from attnmatrix.kernels.probe import probe_case
+    from attnmatrix.kernels.problem import VALIDATION_SHAPES
+    from attnmatrix.kernels.reference import reference_attention
+
+    check_len = VALIDATION_SHAPES["prefill"].seqlen_q
+
+    def prepare(p):
+        def call():
+            if p.q.shape[1] != check_len:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return reference_attention(p).to(p.out_dtype)
+        return call
+
+    backend = Backend("sdpa_cpu", "torch", "cpu", (), prepare, lambda c: "fake.entry")
+    rec = probe_case(_case("sdpa_cpu"), ProbeConfig(), {"device": "cpu"}, backend)
+    assert rec.outcome == "crash" and rec.extra["device_fault"] is True
+    assert rec.reason.startswith("kernel fault at timed shape ") and "(the check shape passed)" in rec.reason
+    untimed = probe_case(_case("sdpa_cpu"), ProbeConfig(timing=False), {"device": "cpu"}, backend)
+    assert untimed.outcome == "pass"
