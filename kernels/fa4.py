@@ -33,8 +33,10 @@ without a GPU (see `xcompile.py`).
 
 from __future__ import annotations
 
+import os
 import re
 import struct
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -259,4 +261,25 @@ def compile_only(p: Problem) -> dict:
     return facts
 
 
-FA4 = Backend("fa4", LIBRARY, "cuda", (MODULE,), prepare, entry, compile_only=compile_only)
+@dataclass(frozen=True)
+class FA4Backend(Backend):
+    """FA4 ships `flash_attn/cute` with no `flash_attn/__init__.py`: a namespace portion. FA2
+    (`flash-attn`) ships `flash_attn` as a regular package, and a regular package wins over namespace
+    portions wherever it is on the path: with both installed, `flash_attn.cute` cannot be found
+    (seen on the H200, where `pytest -m gpu` skipped FA4 once FA2 was built). Say so, not just
+    'No module named flash_attn.cute'."""
+
+    def availability(self) -> str | None:
+        why = super().availability()
+        if why is None:
+            return None
+        pkg = sys.modules.get("flash_attn")
+        init = getattr(pkg, "__file__", None)
+        if init and os.path.basename(init) == "__init__.py":
+            return (f"{why} (`flash_attn` is the regular package at {os.path.dirname(init)}, FlashAttention 2's, "
+                    "which hides FA4's namespace package `flash_attn.cute`: install flash-attn and flash-attn-4 "
+                    "in separate environments, or put FA2 on the path only for FA2's sweep)")
+        return why
+
+
+FA4 = FA4Backend("fa4", LIBRARY, "cuda", (MODULE,), prepare, entry, compile_only=compile_only)

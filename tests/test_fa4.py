@@ -169,3 +169,20 @@ def test_fa4_matches_reference_on_gpu(features):
     out = fa4.prepare(p)()
     err = compare(p, out, reference_attention(p))
     assert err["ok"], err
+
+
+def test_fa2_shadowing_fa4_is_named_in_the_unavailable_reason(tmp_path) -> None:
+    """FA2's regular `flash_attn` package hides FA4's namespace `flash_attn.cute` (seen on the H200):
+    the reason says which package and what to do, in a fresh interpreter with a stand-in FA2 first on
+    the path."""
+    import subprocess
+    import sys
+
+    fake_fa2 = tmp_path / "flash_attn"
+    fake_fa2.mkdir()
+    (fake_fa2 / "__init__.py").write_text("__version__ = '2.8.3'\n")
+    code = ("from attnmatrix.kernels.fa4 import FA4; print(FA4.availability())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)}).stdout
+    assert "cannot import flash_attn.cute" in out
+    assert f"regular package at {fake_fa2}" in out and "separate environments" in out

@@ -1,8 +1,12 @@
 """Every CUDA backend, through the real probe path, on a GPU: a case it must pass, and refusals in its own words.
 
 Skipped without a GPU (conftest) and, per backend, where its library is not installed. On a GPU
-machine: `python -m pytest -m gpu -v` (`scripts/h200-session.sh fa2` runs it in the background);
-commit its output with that session's results. It has not run on a GPU yet (see issue #3's notes).
+machine: `python -m pytest -m gpu -v`; commit its output with that session's results.
+
+Last run: H200 x2, 2026-11-30 (session 3), `tests/gpu-results/pytest-gpu-h200x2-20261130.txt`:
+14 passed, 1 skipped. The skip is FA4: FA2 had just been installed into the same Python, and its
+regular `flash_attn` package hides FA4's namespace package `flash_attn.cute` (the backend's
+unavailable reason now says so); FA4's passing case ran in that session's sweep instead.
 """
 
 from __future__ import annotations
