@@ -55,9 +55,19 @@ def _raised_by_library(exc: BaseException) -> bool:
     return not fname.startswith(_PKG_DIR)
 
 
-def _message(exc: BaseException) -> str:
-    msg = str(exc).strip() or repr(exc)
-    return f"{type(exc).__name__}: {msg}"[:2000]
+MESSAGE_CHARS = 2000
+
+
+def _message(exc: BaseException, limit: int = MESSAGE_CHARS) -> str:
+    """The exception in its own words, at most `limit` characters. A long message keeps its start
+    and its end: a failed JIT build (FlashInfer's "Ninja build failed") prints the compiler's
+    command lines first and the error itself last."""
+    msg = f"{type(exc).__name__}: {str(exc).strip() or repr(exc)}"
+    if len(msg) <= limit:
+        return msg
+    cut = " [...] "
+    head = limit // 4
+    return msg[:head] + cut + msg[len(msg) - (limit - head - len(cut)):]
 
 
 def _out_of_memory(exc: BaseException) -> bool:
@@ -164,7 +174,7 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
                     return rec("crash", reason=f"kernel fault at timed shape {shape.name} (the check shape passed): "
                                + _message(e), error=err, entry=entry,
                                extra={"device_fault": True, "seconds": seconds})
-                untimed[shape.name] = _message(e)[:300]
+                untimed[shape.name] = _message(e, 300)
                 continue
             finally:
                 del tp

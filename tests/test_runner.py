@@ -281,3 +281,16 @@ def test_a_fault_at_a_timed_shape_is_a_crash_not_an_untimed_note() -> None:
     assert rec.reason.startswith("kernel fault at timed shape ") and "(the check shape passed)" in rec.reason
     untimed = probe_case(_case("sdpa_cpu"), ProbeConfig(timing=False), {"device": "cpu"}, backend)
     assert untimed.outcome == "pass"
+
+
+def test_a_long_refusal_keeps_its_end() -> None:
+    """A failed JIT build puts the compiler's error after pages of command lines: the recorded reason
+    keeps the start (what failed) and the end (why), within the limit."""
+    from attnmatrix.kernels.probe import MESSAGE_CHARS, _message
+
+    exc = RuntimeError("Ninja build failed. Ninja output:\n" + "nvcc -O3 -DX " * 500
+                       + "\nmha_sm90.cu(42): error: static assertion failed: head dim 160")
+    msg = _message(exc)
+    assert len(msg) == MESSAGE_CHARS
+    assert msg.startswith("RuntimeError: Ninja build failed.") and msg.endswith("static assertion failed: head dim 160")
+    assert _message(ValueError("short")) == "ValueError: short"
