@@ -22,9 +22,9 @@
 #
 # Session 3 (H200 x2, 1,743 s of device time) found:
 # - FA2's build took 1,414 s sharing the cores with FlashInfer's compiles: those now run at nice 19.
-#   Even so, plan for FA2 to finish late: it is built into the system Python, and from then on its
-#   regular `flash_attn` package hides FA4's `flash_attn.cute` (namespace) in every new process, so
-#   FA4 work must be done (or its workers started) before the build ends.
+#   FA2 is built into the system Python, and there its regular `flash_attn` package hid FA4's
+#   `flash_attn.cute` (namespace) in every new process: the FA2 job now moves it to /tmp/fa2site, on
+#   the path of FA2's sweep and tests only (not yet run on a GPU).
 # - Four concurrent sweeps overloaded the machine (load 87 on 32 cores): timeouts, OOMs and SIGKILLs
 #   that say nothing about the kernels (matrix/data/quarantine/README.md). Fewer workers per sweep.
 # - `save-cache` archives over 16 MiB do not come back through $OUT.
@@ -32,7 +32,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-phase=${1:?usage: h200-session.sh stage|fa4|fi-stage|fi|fa2|collect}
+phase=${1:?usage: h200-session.sh stage|fi-stage|fi|fa4|collect}
 state=/root/attnmatrix
 mkdir -p "$state" "${OUT:=$state/out}"
 ensure_project() {  # once, before sweeps start in parallel (two concurrent `pip install -e .` can collide)
@@ -119,16 +119,25 @@ fa4)
   ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
   background main ". /tmp/gpu-env.sh; WORKERS=$((12 * ngpu)) bash scripts/h200-sweep.sh \
     fa4,fa3,sdpa_cudnn,sdpa_flash,sdpa_efficient,sdpa_math ${MAIN_LIMIT:-1500} --timed-dtypes bfloat16"
-  # FA2, once built: its bf16 cases on GPU 0 alone (a scratch file), the same cases on every GPU (kept):
-  # FA2 compiles nothing at run time, so the ratio of the two wall times is the multi-GPU scaling. Then
-  # the rest of FA2 (fp16, validated), and the GPU tests.
-  fa2="RESULTS=sm_90-fa2 WORKERS=$((8 * ngpu)) bash scripts/h200-sweep.sh fa2 600"
-  background fa2 ". /tmp/gpu-env.sh; while [[ ! -f $state/fa2-build.done ]]; do sleep 2; done; tail -n 3 /root/fa2.log; python3 -c 'import torch, flash_attn' || exit 1; \
-    RESULTS=ratio-fa2-1gpu GPUS=0 WORKERS=8 bash scripts/h200-sweep.sh fa2 600 --dtypes bfloat16 --timed-dtypes bfloat16; \
+  # FA2, once built, moves out of the system Python into its own folder (/tmp/fa2site), which only the FA2
+  # sweep and FA2's tests put on their path: FA2's regular `flash_attn` package otherwise hides FA4's
+  # `flash_attn.cute` in every process (session 3). Then its bf16 cases on GPU 0 alone (a scratch file)
+  # and on every GPU (kept): FA2 compiles nothing at run time, so the ratio of the two wall times is the
+  # multi-GPU scaling. Then the rest of FA2 (fp16, validated), and the GPU tests.
+  fa2="RESULTS=sm_90-fa2 WORKERS=$((8 * ngpu)) PYTHONPATH=/tmp/fa2site:\$PYTHONPATH bash scripts/h200-sweep.sh fa2 600"
+  background fa2 ". /tmp/gpu-env.sh; while [[ ! -f $state/fa2-build.done ]]; do sleep 2; done; tail -n 3 /root/fa2.log; \
+    whl=\$(ls /root/.cache/pip/wheels/*/*/*/*/flash_attn-*.whl 2> /dev/null | head -1); \
+    [[ -n \$whl ]] && python3 -m pip install -q --no-deps --no-index --target /tmp/fa2site \$whl \
+      && python3 -m pip uninstall -q -y flash-attn; \
+    PYTHONPATH=/tmp/fa2site:\$PYTHONPATH python3 -c 'import torch, flash_attn' || exit 1; \
+    RESULTS=ratio-fa2-1gpu GPUS=0 WORKERS=8 PYTHONPATH=/tmp/fa2site:\$PYTHONPATH bash scripts/h200-sweep.sh fa2 600 \
+      --dtypes bfloat16 --timed-dtypes bfloat16; \
     $fa2 --dtypes bfloat16 --timed-dtypes bfloat16; \
     $fa2 --timed-dtypes bfloat16; \
     [[ -f /tmp/fi-env.sh ]] && . /tmp/fi-env.sh; \
-    timeout 900 python3 -m pytest -m gpu -v -p no:cacheprovider tests > $state/pytest-gpu.txt 2>&1"
+    timeout 900 python3 -m pytest -m gpu -v -p no:cacheprovider tests > $state/pytest-gpu.txt 2>&1; \
+    PYTHONPATH=/tmp/fa2site:\$PYTHONPATH timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider -k fa2 \
+      tests/test_gpu_backends.py > $state/pytest-gpu-fa2.txt 2>&1"
   ;;
 collect)
   for _ in $(seq 1 "${WAIT:-0}"); do
