@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 
 def main() -> int:
@@ -91,7 +92,7 @@ def _released(record):
     """
     import torch
 
-    from .probe import device_fault
+    from .probe import MESSAGE_CHARS, device_fault
 
     try:
         torch.cuda.empty_cache()
@@ -100,10 +101,8 @@ def _released(record):
             raise
         if record.extra.get("device_fault"):
             return record  # the probe already caught this fault, in the kernel's own call
-        from dataclasses import replace
-
         note = f"kernel fault reported after the case (its record said {record.outcome!r}): {type(e).__name__}: {e}"
-        return replace(record, outcome="crash", reason=note[:2000], timings=(),
+        return replace(record, outcome="crash", reason=note[:MESSAGE_CHARS], timings=(),
                        extra={**record.extra, "device_fault": True})
     return record
 
