@@ -159,6 +159,7 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
     started = time.perf_counter()
     timings: list[Timing] = []
     untimed: dict[str, str] = {}
+    lock_wait = 0.0
     if config.timing and case.dtype in config.timed_dtypes:
         shapes = TIMING_SHAPES if device == "cuda" else CPU_TIMING_SHAPES
         for shape in shapes[case.op]:
@@ -167,7 +168,8 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
             try:
                 tfn = backend.prepare(tp)
                 tfn()  # first call outside the lock: JIT compiles may take seconds
-                with exclusive_gpu():
+                with exclusive_gpu() as waited:
+                    lock_wait += waited.seconds
                     ms = time_ms(tfn, device=device, budget_ms=config.budget_ms)
             except Exception as e:  # noqa: BLE001 - a shape the kernel refuses is noted, not fatal
                 if device_fault(e):  # a fault is no refusal: the kernel broke at this size, and the context with it
@@ -184,6 +186,8 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
                 torch.cuda.empty_cache()
     if timings or untimed:
         seconds["timing"] = round(time.perf_counter() - started, 3)
+        if lock_wait:  # part of "timing": other workers' timed loops on this GPU
+            seconds["gpu_lock_wait"] = round(lock_wait, 3)
     extra: dict = {"seconds": seconds}
     if untimed:
         extra["untimed"] = untimed

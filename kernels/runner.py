@@ -34,7 +34,7 @@ from .probe import ProbeConfig
 @dataclass
 class RunnerConfig:
     workers: int = 1
-    timeout_s: float = 120.0  # per case, from the moment the worker starts it
+    timeout_s: float = 120.0  # per case, from the moment the worker starts it, less its waits for the GPU lock
     startup_timeout_s: float = 180.0  # for a fresh worker to import torch and say hello
     memory_limit_mb: int | None = None  # RLIMIT_AS per worker; never on GPUs (CUDA maps huge ranges)
     device: str = "cpu"
@@ -112,9 +112,13 @@ class _Worker:
         self.case: Case | None = None
         self.case_prov: dict | None = None
         self.deadline = time.monotonic() + cfg.startup_timeout_s
+        self.waiting_since: float | None = None  # waiting for the GPU's timing lock: the case's clock stops
+
+    def effective_deadline(self) -> float:
+        return float("inf") if self.waiting_since is not None else self.deadline
 
     def send(self, case: Case, cfg: RunnerConfig) -> None:
-        self.case, self.case_prov = case, None
+        self.case, self.case_prov, self.waiting_since = case, None, None
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps({"case": case.to_dict(), "config": cfg.probe.to_dict()}) + "\n").encode())
         self.proc.stdin.flush()
@@ -257,7 +261,7 @@ def run_cases(
             busy = [w for w in slots if w and w.case]
             if not busy:
                 continue
-            wait = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+            wait = max(0.0, min(w.effective_deadline() for w in busy) - time.monotonic())
             for key, _ in sel.select(timeout=min(wait, 1.0)):
                 w: _Worker = key.data
                 events, eof = w.read_events()
@@ -267,6 +271,15 @@ def run_cases(
                     elif ev["event"] == "start":
                         w.case_prov = ev["provenance"]
                         w.deadline = time.monotonic() + cfg.timeout_s
+                    elif ev["event"] == "gpu_lock":
+                        # Waiting for other workers' timed loops is not this case's time: stop its clock,
+                        # and add the wait to its deadline. A lock holder that hangs is killed at its own
+                        # deadline, which frees the lock.
+                        if ev["waiting"]:
+                            w.waiting_since = time.monotonic()
+                        elif w.waiting_since is not None:
+                            w.deadline += time.monotonic() - w.waiting_since
+                            w.waiting_since = None
                     elif ev["event"] == "result" and w.case is not None:
                         rec = parse_record(ev["record"])
                         finish(w, rec)
@@ -282,7 +295,7 @@ def run_cases(
                         drop(w)
             now = time.monotonic()
             for w in list(slots):
-                if w and w.case is not None and now > w.deadline:
+                if w and w.case is not None and now > w.effective_deadline():
                     phase = "case" if w.case_prov is not None else "worker start-up"
                     limit = cfg.timeout_s if w.case_prov is not None else cfg.startup_timeout_s
                     retire(w, "timeout", f"no result within {limit:g} s ({phase}); worker killed")

@@ -8,21 +8,53 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
+_lock_listener: Callable[[bool], None] | None = None
+
+
+def set_lock_listener(listener: Callable[[bool], None] | None) -> None:
+    """Be told when this process starts (True) and stops (False) waiting for its GPU's lock.
+
+    The worker forwards this to the runner, which stops a case's clock while it waits: the wait is
+    other workers' timed loops, not this kernel (session 3's 25 timeouts were mostly such waits).
+    """
+    global _lock_listener
+    _lock_listener = listener
+
+
+@dataclass
+class LockWait:
+    seconds: float = 0.0
+
 
 @contextlib.contextmanager
-def exclusive_gpu() -> Iterator[None]:
-    """Hold this GPU's lock (set by the runner) so no other worker's kernels overlap a timed loop."""
+def exclusive_gpu() -> Iterator[LockWait]:
+    """Hold this GPU's lock (set by the runner) so no other worker's kernels overlap a timed loop.
+
+    Yields how long this process waited for the lock."""
+    waited = LockWait()
     path = os.environ.get("ATTNMATRIX_GPU_LOCK")
     if not path:
-        yield
+        yield waited
         return
     with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            yield
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if _lock_listener:
+                _lock_listener(True)
+            t0 = time.perf_counter()
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX)
+            finally:
+                waited.seconds = time.perf_counter() - t0
+                if _lock_listener:
+                    _lock_listener(False)
+        try:
+            yield waited
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 

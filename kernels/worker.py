@@ -4,6 +4,7 @@ Protocol (one JSON object per line):
   -> {"case": {...}, "config": {...}}
   <- {"event": "hello", "provenance": {...}}            once, at start
   <- {"event": "start", "key": ..., "provenance": {...}}  before touching the kernel
+  <- {"event": "gpu_lock", "waiting": true|false}          around a wait for the GPU's timing lock
   <- {"event": "result", "record": {...}}
 The `start` message lets the runner write a complete record even if the kernel then kills the
 process. Libraries that print to stdout cannot corrupt the protocol: fd 1 is pointed at stderr and
@@ -28,6 +29,7 @@ def main() -> int:
     from .base import load_backend
     from .env import device_provenance
     from .probe import ProbeConfig, kernel_provenance, probe_case
+    from .timing import set_lock_listener
 
     run_case = probe_case
     if os.environ.get("ATTNMATRIX_MODE") == "xcompile":  # compile-only probes for an absent arch
@@ -45,6 +47,8 @@ def main() -> int:
         proto.flush()
 
     send({"event": "hello", "provenance": base, "pid": os.getpid()})
+    # The runner stops the case's clock while we wait for the GPU's timing lock.
+    set_lock_listener(lambda waiting: send({"event": "gpu_lock", "waiting": waiting}))
     for line in sys.stdin:
         if not line.strip():
             continue

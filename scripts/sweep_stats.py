@@ -25,7 +25,8 @@ COMPILE_S = 1.0
 
 def stats(paths: list[Path]) -> dict[str, dict]:
     acc: dict[str, dict] = defaultdict(lambda: {"records": 0, "without_seconds": 0, "first_call_s": 0.0,
-                                                "check_s": 0.0, "timing_s": 0.0, "slow": [], "best": None})
+                                                "check_s": 0.0, "timing_s": 0.0, "gpu_lock_wait_s": 0.0,
+                                                "slow": [], "best": None})
     for path in paths:
         for line in path.open():
             if not line.strip():
@@ -38,7 +39,7 @@ def stats(paths: list[Path]) -> dict[str, dict]:
             if not secs:
                 a["without_seconds"] += 1
                 continue
-            for phase in ("first_call", "check", "timing"):
+            for phase in ("first_call", "check", "timing", "gpu_lock_wait"):  # the lock wait is part of timing
                 a[f"{phase}_s"] += secs.get(phase, 0.0)
             if secs.get("first_call", 0.0) > COMPILE_S:
                 a["slow"].append(secs["first_call"])
@@ -75,7 +76,7 @@ def main() -> None:
         print(json.dumps(table, indent=1, sort_keys=True))
         return
     cols = ["records", "without_seconds", "slow_first_calls", "slow_first_call_s", "median_slow_first_call_s",
-            "first_call_s", "check_s", "timing_s"]
+            "first_call_s", "check_s", "timing_s", "gpu_lock_wait_s"]
     print("backend".ljust(16) + " ".join(c.rjust(len(c)) for c in cols))
     for backend, row in table.items():
         print(backend.ljust(16) + " ".join(str(row[c]).rjust(len(c)) for c in cols))

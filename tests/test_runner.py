@@ -294,3 +294,28 @@ def test_a_long_refusal_keeps_its_end() -> None:
     assert len(msg) == MESSAGE_CHARS
     assert msg.startswith("RuntimeError: Ninja build failed.") and msg.endswith("static assertion failed: head dim 160")
     assert _message(ValueError("short")) == "ValueError: short"
+
+
+def test_waiting_for_the_gpu_lock_does_not_count_against_the_case(tmp_path: Path, monkeypatch) -> None:
+    """Workers sharing a GPU take turns for timed loops. A case that waits for the lock longer than its
+    whole time limit is not a timeout: on the H200, 25 cases of session 3 were killed while they waited
+    for other sweeps' timings. The wait is recorded in `extra.seconds.gpu_lock_wait`."""
+    import fcntl
+    import threading
+
+    lock = tmp_path / "gpu0.lock"
+    monkeypatch.setenv("ATTNMATRIX_GPU_LOCK", str(lock))  # the workers inherit it, as on a GPU
+    hold_s, limit_s = 20.0, 12.0
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        release = threading.Timer(hold_s, fcntl.flock, (held, fcntl.LOCK_UN))
+        release.start()
+        cfg = RunnerConfig(workers=1, timeout_s=limit_s, device="cpu", probe=ProbeConfig(run_id="t"))
+        try:
+            with ResultStore(tmp_path / "w.jsonl") as store:
+                summary = run_cases([_case("sdpa_cpu")], store, cfg)
+        finally:
+            release.cancel()
+    [(_, rec)] = read_records(tmp_path / "w.jsonl")
+    assert summary.outcomes == Counter({"pass": 1}), rec.reason
+    assert rec.timings and rec.extra["seconds"]["gpu_lock_wait"] > hold_s - limit_s
