@@ -96,20 +96,20 @@ fi)
   seed_resume; ensure_project
   bash scripts/install-flashinfer.sh || exit 1
   # Two sweeps at once, one file each, so neither waits for the other's compiles: XQA decode (the
-  # TRT-LLM kernel that runs on sm_90) at the common head dims first, and FlashInfer's own kernels at
-  # the MLA prefill dims first. trtllm-gen (ragged, context) is already recorded `unavailable`.
-  # MAX_JOBS: ninja jobs per FlashInfer compile (its default is every core, in each of 24 workers).
-  sweep="TIMEOUT=1500 WORKERS=${FI_WORKERS:-12} MAX_JOBS=${FI_JOBS:-4} bash scripts/h200-sweep.sh"
+  # TRT-LLM kernel that runs on sm_90) and FlashInfer's own kernels. Both resume from .resume/, so they
+  # probe only cells with no record yet; MLA prefill first (issue #5: bf16 (256, 256) was missing).
+  # trtllm-gen (ragged, context) is already recorded `unavailable`.
+  # MAX_JOBS: ninja jobs per FlashInfer compile (its default is every core, in each worker).
+  sweep="TIMEOUT=1500 WORKERS=${FI_WORKERS:-6} MAX_JOBS=${FI_JOBS:-4} bash scripts/h200-sweep.sh"
   timed="--timed-dtypes bfloat16"
   # nice 19: the FA2 build must not starve (session 3: 1,414 s beside FlashInfer's compiles, 858 s alone)
   NICE=19 background xqa ". /tmp/fi-env.sh; export RESULTS=sm_90-xqa; \
-    $sweep trtllm_decode 900 --ops decode --dtypes bfloat16 --head-dims 128,64,256 $timed; \
     $sweep trtllm_decode 900 --ops decode $timed; \
     $sweep trtllm_decode 300 --ops prefill,mla_prefill --no-timing"
   NICE=19 background fi ". /tmp/fi-env.sh; export RESULTS=sm_90-flashinfer; \
-    $sweep flashinfer 900 --dtypes bfloat16 --head-dims 192x128,256,128 $timed; \
-    $sweep flashinfer 600 --dtypes float16 --ops mla_prefill $timed; \
-    $sweep flashinfer 900 --dtypes bfloat16 --head-dims 64,96,32,80,160,224,192,512 $timed; \
+    $sweep flashinfer 1200 --dtypes bfloat16 --ops mla_prefill $timed; \
+    $sweep flashinfer 900 --dtypes bfloat16 --head-dims 128,64,256 $timed; \
+    $sweep flashinfer 900 --dtypes bfloat16 $timed; \
     $sweep flashinfer 900 --dtypes float16 $timed"
   ;;
 fa4)
@@ -117,27 +117,29 @@ fa4)
   bash .gpu/b/install.sh || exit 1
   env_files
   ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-  background main ". /tmp/gpu-env.sh; WORKERS=$((12 * ngpu)) bash scripts/h200-sweep.sh \
-    fa4,fa3,sdpa_cudnn,sdpa_flash,sdpa_efficient,sdpa_math ${MAIN_LIMIT:-1500} --timed-dtypes bfloat16"
+  background main ". /tmp/gpu-env.sh; WORKERS=$((4 * ngpu)) bash scripts/h200-sweep.sh \
+    fa4,fa3,sdpa_cudnn,sdpa_flash,sdpa_efficient,sdpa_math ${MAIN_LIMIT:-900} --timed-dtypes bfloat16"
   # FA2, once built, moves out of the system Python into its own folder (/tmp/fa2site), which only the FA2
-  # sweep and FA2's tests put on their path: FA2's regular `flash_attn` package otherwise hides FA4's
-  # `flash_attn.cute` in every process (session 3). Then its bf16 cases on GPU 0 alone (a scratch file)
-  # and on every GPU (kept): FA2 compiles nothing at run time, so the ratio of the two wall times is the
-  # multi-GPU scaling. Then the rest of FA2 (fp16, validated), and the GPU tests.
-  fa2="RESULTS=sm_90-fa2 WORKERS=$((8 * ngpu)) PYTHONPATH=/tmp/fa2site:\$PYTHONPATH bash scripts/h200-sweep.sh fa2 600"
+  # sweeps and FA2's tests put on their path: FA2's regular `flash_attn` package otherwise hides FA4's
+  # `flash_attn.cute` in every process (session 3). Then, in order of value:
+  #  1. FA2's bf16 cases on every GPU, timed, into a fresh file (its new cells are kept; its wall time is
+  #     the "all GPUs" side of the scaling ratio);
+  #  2. FA2's fp16 cases (validated, untimed), resuming the committed FA2 file;
+  #  3. the GPU tests, FA4 visible, then FA2's with FA2 on the path;
+  #  4. the same bf16 cases as 1 on GPU 0 alone, with the same workers per GPU (a scratch file): FA2
+  #     compiles nothing at run time, so wall(4) / wall(1) is the multi-GPU scaling, GPU-bound.
+  fa2env="PYTHONPATH=/tmp/fa2site:\$PYTHONPATH"
+  fa2="$fa2env bash scripts/h200-sweep.sh fa2 600"
   background fa2 ". /tmp/gpu-env.sh; while [[ ! -f $state/fa2-build.done ]]; do sleep 2; done; tail -n 3 /root/fa2.log; \
-    whl=\$(ls /root/.cache/pip/wheels/*/*/*/*/flash_attn-*.whl 2> /dev/null | head -1); \
-    [[ -n \$whl ]] && python3 -m pip install -q --no-deps --no-index --target /tmp/fa2site \$whl \
-      && python3 -m pip uninstall -q -y flash-attn; \
-    PYTHONPATH=/tmp/fa2site:\$PYTHONPATH python3 -c 'import torch, flash_attn' || exit 1; \
-    RESULTS=ratio-fa2-1gpu GPUS=0 WORKERS=8 PYTHONPATH=/tmp/fa2site:\$PYTHONPATH bash scripts/h200-sweep.sh fa2 600 \
-      --dtypes bfloat16 --timed-dtypes bfloat16; \
-    $fa2 --dtypes bfloat16 --timed-dtypes bfloat16; \
-    $fa2 --timed-dtypes bfloat16; \
+    python3 scripts/isolate-fa2.py /tmp/fa2site; \
+    $fa2env python3 -c 'import torch, flash_attn, flash_attn_2_cuda' || exit 1; \
+    RESULTS=sm_90-fa2-2gpu WORKERS=$((4 * ngpu)) $fa2 --dtypes bfloat16 --timed-dtypes bfloat16; \
+    RESULTS=sm_90-fa2 WORKERS=$((4 * ngpu)) $fa2 --dtypes float16 --timed-dtypes bfloat16; \
     [[ -f /tmp/fi-env.sh ]] && . /tmp/fi-env.sh; \
-    timeout 900 python3 -m pytest -m gpu -v -p no:cacheprovider tests > $state/pytest-gpu.txt 2>&1; \
-    PYTHONPATH=/tmp/fa2site:\$PYTHONPATH timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider -k fa2 \
-      tests/test_gpu_backends.py > $state/pytest-gpu-fa2.txt 2>&1"
+    timeout 600 python3 -m pytest -m gpu -v -p no:cacheprovider tests > $state/pytest-gpu.txt 2>&1; \
+    $fa2env timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider -k fa2 \
+      tests/test_gpu_backends.py > $state/pytest-gpu-fa2.txt 2>&1; \
+    RESULTS=ratio-fa2-1gpu GPUS=0 WORKERS=4 $fa2 --dtypes bfloat16 --timed-dtypes bfloat16"
   ;;
 collect)
   for _ in $(seq 1 "${WAIT:-0}"); do
@@ -148,7 +150,8 @@ collect)
   done
   for s in "$state"/*.started; do [[ -f ${s%.started}.done ]] && echo "done: $(basename "${s%.started}")" \
     || echo "still running: $(basename "${s%.started}")"; done
-  if [[ -f /tmp/fi-env.sh ]]; then  # FlashInfer's compiled modules, for a later session (see install-flashinfer.sh)
+  if [[ -f /tmp/fi-env.sh && -n ${SAVE_CACHE:-} ]]; then  # FlashInfer's compiled modules, for a later session
+    # (see install-flashinfer.sh); off by default: session 3's archives (58 and 30 MB) were over $OUT's 16 MiB
     bash scripts/install-flashinfer.sh save-cache "$state/fi-aot-xqa.tar.gz" 'xqa*' || true
     bash scripts/install-flashinfer.sh save-cache "$state/fi-aot-batch.tar.gz" 'batch*' || true
   fi
