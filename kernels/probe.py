@@ -163,7 +163,7 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
     if config.timing and case.dtype in config.timed_dtypes:
         shapes = TIMING_SHAPES if device == "cuda" else CPU_TIMING_SHAPES
         for shape in shapes[case.op]:
-            tp = make_problem(case, shape, device=device, seed=config.seed + 1)
+            tp = make_problem(case, shape, device=device, seed=config.seed + 1, draw_on_device=True)
             flops = problem_flops(tp)
             try:
                 tfn = backend.prepare(tp)

@@ -132,14 +132,25 @@ class Problem:
         return k_cache, v_cache, table
 
 
-def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu", seed: int = 0) -> Problem:
-    """Fresh random inputs for a case (never zeros: zeros hide wrong kernels and flatter timings)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu", seed: int = 0,
+                 draw_on_device: bool = False) -> Problem:
+    """Fresh random inputs for a case (never zeros: zeros hide wrong kernels and flatter timings).
+
+    By default the values are drawn on the CPU, so a validation problem is the same on every device.
+    `draw_on_device` draws them on `device` instead, for timing shapes: on the H200, drawing a decode
+    timing shape's K and V on the CPU (over 4 G values at head dim 256) took one worker 40 to 130 s per
+    case, for timed loops of under a second; FA2's timing phases summed to 4,165 s, of which 0.2 s was
+    waiting for the GPU lock (session 4).
+    """
+    gen_device = torch.device(device) if draw_on_device else torch.device("cpu")
+    g = torch.Generator(device=gen_device).manual_seed(seed)
     dtype = DTYPES[case.dtype]
     hq = shape.heads_q
     hkv = max(1, hq // GQA_RATIO) if case.has("gqa") else shape.heads_kv
 
     def rnd(*s: int) -> torch.Tensor:
+        if gen_device.type != "cpu":  # straight in the kernel's dtype: no float32 copy of a large cache
+            return torch.randn(*s, generator=g, device=gen_device, dtype=dtype)
         return torch.randn(*s, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
 
     q = rnd(shape.batch, shape.seqlen_q, hq, case.head_dim)
@@ -148,7 +159,7 @@ def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu"
     seqlens_q = seqlens_k = None
     if case.has("varlen") and shape.batch > 1:
         # Ragged lengths between half and all of the padded length; the first is always full.
-        fr = torch.rand(shape.batch, generator=g)
+        fr = torch.rand(shape.batch, generator=g, device=gen_device)
         seqlens_k = [shape.seqlen_k] + [max(1, int(shape.seqlen_k * (0.5 + 0.5 * float(x)))) for x in fr[1:]]
         if shape.seqlen_q == shape.seqlen_k:
             seqlens_q = list(seqlens_k)
@@ -157,7 +168,7 @@ def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu"
     alibi = None
     if case.has("alibi"):
         alibi = torch.tensor([2 ** (-8 * (h + 1) / hq) for h in range(hq)], dtype=torch.float32, device=device)
-    sinks = torch.randn(hq, generator=g).to(device) if case.has("sinks") else None
+    sinks = torch.randn(hq, generator=g, device=gen_device).to(device) if case.has("sinks") else None
     descale = None
     if case.has("fp8"):
         fp8 = torch.float8_e4m3fn

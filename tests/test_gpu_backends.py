@@ -7,6 +7,8 @@ Last run: H200 x2, 2026-11-30 (session 3), `tests/gpu-results/pytest-gpu-h200x2-
 14 passed, 1 skipped. The skip is FA4: FA2 had just been installed into the same Python, and its
 regular `flash_attn` package hides FA4's namespace package `flash_attn.cute` (the backend's
 unavailable reason now says so); the same FA4 case passes in the committed H200 sweep results.
+Session 4 spent its device time on FA2's sweep and did not run these tests:
+`test_timing_inputs_are_drawn_on_the_gpu` has not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -93,3 +95,18 @@ def test_isolated_runner_uses_every_gpu(tmp_path):
         assert summary.ran == len(cases)
         assert sorted(store.done) == sorted(c.key for c in cases)
     assert summary.outcomes == {"pass": len(cases)}
+
+
+def test_timing_inputs_are_drawn_on_the_gpu():
+    """A decode timing shape at head dim 256 holds over 4 G values: they are drawn on the GPU, in the
+    kernel's dtype, reproducibly per seed, and random (never zeros). On the CPU they took 40 to 130 s."""
+    from attnmatrix.kernels.problem import TIMING_SHAPES, make_problem
+
+    case = _case("sdpa_flash", op="decode", dims=(256, 256), features=("causal", "varlen", "sinks"))
+    shape = TIMING_SHAPES["decode"][0]
+    p = make_problem(case, shape, device="cuda", seed=7, draw_on_device=True)
+    again = make_problem(case, shape, device="cuda", seed=7, draw_on_device=True)
+    for t in (p.q, p.k, p.v):
+        assert t.is_cuda and t.dtype == torch.bfloat16 and t.float().std().item() > 0.5
+    assert torch.equal(p.k, again.k) and p.seqlens_k == again.seqlens_k
+    assert not torch.equal(p.k, make_problem(case, shape, device="cuda", seed=8, draw_on_device=True).k)

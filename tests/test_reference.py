@@ -262,3 +262,14 @@ def test_problem_flops_counts_gqa_by_query_heads_and_decode():
     p = make_problem(_case(("causal", "gqa"), op="decode", hd=64, hdv=64), Shape("t", 2, 1, 100, 8, 8))
     assert p.k.shape[2] == 2
     assert problem_flops(p) == 2 * 8 * (2 * 100) * (64 + 64)
+
+
+def test_a_problem_drawn_on_the_cpu_device_is_the_default_one():
+    """`draw_on_device` only moves the draw for a GPU; on the CPU a problem is the same either way, so
+    validation inputs (always drawn on the CPU) are the same on every device."""
+    case = _case(("causal", "varlen", "sinks"), op="decode")
+    shape = Shape("t", 3, 1, 50, 4, 4)
+    a = make_problem(case, shape, seed=5)
+    b = make_problem(case, shape, seed=5, draw_on_device=True)
+    assert all(torch.equal(x, y) for x, y in ((a.q, b.q), (a.k, b.k), (a.v, b.v), (a.sinks, b.sinks)))
+    assert a.seqlens_k == b.seqlens_k and a.k.float().std() > 0.5
