@@ -1,0 +1,67 @@
+"""Run-to-run variation of measured latencies: the same cells measured in two runs on the same GPU.
+
+For every cell present in both files, compares outcomes (they must agree) and, per timed shape, the
+ratio of the second run's median latency to the first's. Prints the distribution and writes
+benchmarks/results/rerun_variance.json.
+
+usage: python benchmarks/rerun_variance.py FIRST.jsonl SECOND.jsonl
+default: FA2 on the H200, session 3's run (matrix/data/results/sm_90-fa2-h200x2-20261130.jsonl)
+against the same 200 cells measured again in session 4 (benchmarks/results/fa2-rerun-h200x2-20261130.jsonl).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = (ROOT / "matrix/data/results/sm_90-fa2-h200x2-20261130.jsonl",
+           ROOT / "benchmarks/results/fa2-rerun-h200x2-20261130.jsonl")
+
+
+def _records(path: Path) -> dict[str, dict]:
+    out = {}
+    for line in path.open():
+        if line.strip():
+            rec = json.loads(line)
+            out[json.dumps(rec["case"], sort_keys=True)] = rec
+    return out
+
+
+def compare(first: Path, second: Path) -> dict:
+    a, b = _records(first), _records(second)
+    common = sorted(a.keys() & b.keys())
+    changed = [json.loads(k) for k in common if a[k]["outcome"] != b[k]["outcome"]]
+    ratios = []
+    for k in common:
+        before = {t["shape"]: t["latency_ms"] for t in a[k].get("timings") or ()}
+        ratios += [t["latency_ms"] / before[t["shape"]] for t in b[k].get("timings") or () if t["shape"] in before]
+    ratios.sort()
+    n = len(ratios)
+
+    def q(p: float) -> float | None:
+        return round(ratios[min(n - 1, int(p * n))], 3) if n else None
+
+    return {"first": str(first.relative_to(ROOT) if first.is_relative_to(ROOT) else first),
+            "second": str(second.relative_to(ROOT) if second.is_relative_to(ROOT) else second),
+            "cells_in_both": len(common), "outcome_changes": changed, "timed_shapes": n,
+            "latency_ratio": {"median": round(statistics.median(ratios), 3) if n else None, "p05": q(0.05),
+                              "p95": q(0.95), "min": q(0.0), "max": q(1.0)}}
+
+
+def main() -> None:
+    first, second = (Path(p).resolve() for p in sys.argv[1:3]) if len(sys.argv) == 3 else DEFAULT
+    result = compare(first, second)
+    r = result["latency_ratio"]
+    print(f"{result['cells_in_both']} cells in both runs, {len(result['outcome_changes'])} outcome changes")
+    print(f"{result['timed_shapes']} timed shapes, latency second/first: median {r['median']}, "
+          f"5-95% {r['p05']}-{r['p95']}, min {r['min']}, max {r['max']}")
+    if len(sys.argv) != 3:
+        out = ROOT / "benchmarks/results/rerun_variance.json"
+        out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
