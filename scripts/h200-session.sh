@@ -28,6 +28,14 @@
 # - Four concurrent sweeps overloaded the machine (load 87 on 32 cores): timeouts, OOMs and SIGKILLs
 #   that say nothing about the kernels (matrix/data/quarantine/README.md). Fewer workers per sweep.
 # - `save-cache` archives over 16 MiB do not come back through $OUT.
+# Session 4 (H200 x2, 1,636 s of device time) found:
+# - The FA2 build took 724 s with 28 jobs beside FlashInfer's compiles at nice 19 (startup ~30 s).
+# - Sweeps were CPU-bound on drawing timing inputs, not on the GPU: FA2's timing phases summed to
+#   4,165 s with 0.2 s of GPU-lock waits (decode cases 41 s median, 131 s at head dim 256). Timing
+#   inputs are now drawn on the GPU; the FA2 1-GPU-vs-2 ratio run was dropped for lack of time.
+# - Untimed, FA2's 302 fp16 cases took 24 s on 2 GPUs (745 cases/min).
+# - `pkill -f PATTERN` in a `run` command matches that command's own shell: write the pattern so it
+#   does not match itself (e.g. "RESULTS=sm_90-flashinfe[r]"), or the call dies with rc -1.
 # Every phase ends by copying the result files and logs so far to $OUT and printing progress.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
