@@ -14,8 +14,10 @@
 #   fa4        .gpu/b (.resume)         installs FA4; starts the main sweep (FA4, FA3, SDPA's four) and the
 #                                      FA2 job (waits for the build; 1 GPU against all on FA2's bf16 cases,
 #                                      then the rest of FA2, and `pytest -m gpu`) in the background
-#   collect    -                       waits up to WAIT s for every background job, saves FlashInfer's
-#                                      compiled modules, copies everything
+#   ratio      -                       1 GPU against all on PyTorch SDPA's bf16 cases at head dims 64 and
+#                                      128, timed (needs nothing installed; two runs of up to 4 minutes)
+#   collect    -                       waits up to WAIT s for every background job (SAVE_CACHE=1: saves
+#                                      FlashInfer's compiled modules), copies everything
 #
 # Order: the two installs that share /tmp/site (fi, fa4) come before any sweep reads it, the FA2 build
 # (the longest job) first of all. Then `collect` calls, back to back, until everything is done.
@@ -40,7 +42,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-phase=${1:?usage: h200-session.sh stage|fi-stage|fi|fa4|collect}
+phase=${1:?usage: h200-session.sh stage|fi-stage|fi|fa4|ratio|collect}
 state=/root/attnmatrix
 mkdir -p "$state" "${OUT:=$state/out}"
 ensure_project() {  # once, before sweeps start in parallel (two concurrent `pip install -e .` can collide)
@@ -148,6 +150,28 @@ fa4)
     $fa2env timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider -k fa2 \
       tests/test_gpu_backends.py > $state/pytest-gpu-fa2.txt 2>&1; \
     RESULTS=ratio-fa2-1gpu GPUS=0 WORKERS=4 $fa2 --dtypes bfloat16 --timed-dtypes bfloat16"
+  ;;
+ratio)
+  # 1 GPU against all, GPU-bound: PyTorch's SDPA kernels need no install and compile nothing, and timing
+  # inputs are drawn on the GPU (session 4 found FA2's sweeps bound by drawing them on the CPU). The same
+  # bf16 cases, timed, into two scratch files, 4 workers per GPU each; the ratio is the two summaries'
+  # wall_s. About 160 cases per run; each run stops at RATIO_LIMIT seconds (a killed run has no ratio).
+  ensure_project
+  ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+  (( ngpu > 1 )) || { echo "one GPU here: no ratio to measure" >&2; exit 0; }
+  args="sdpa_flash,sdpa_efficient,sdpa_cudnn ${RATIO_LIMIT:-240} --dtypes bfloat16 --timed-dtypes bfloat16 \
+    --head-dims ${RATIO_HEAD_DIMS:-64,128} --ops prefill,decode"
+  RESULTS=ratio-sdpa-1gpu GPUS=0 WORKERS=4 bash scripts/h200-sweep.sh $args
+  RESULTS=ratio-sdpa-${ngpu}gpu WORKERS=$((4 * ngpu)) bash scripts/h200-sweep.sh $args
+  python3 - "$state" "$ngpu" <<'PY'
+import json, sys
+try:
+    one, many = (json.load(open(f"{sys.argv[1]}/ratio-sdpa-{n}gpu.summary.json")) for n in ("1", sys.argv[2]))
+except (OSError, ValueError) as e:  # a run killed at its limit writes no summary
+    sys.exit(f"no ratio: {e}")
+print(f"1 GPU: {one['probed']} cases in {one['wall_s']:.1f} s; {sys.argv[2]} GPUs: {many['probed']} cases in "
+      f"{many['wall_s']:.1f} s; ratio {one['wall_s'] / many['wall_s']:.2f}x")
+PY
   ;;
 collect)
   for _ in $(seq 1 "${WAIT:-0}"); do
