@@ -19,7 +19,7 @@ def set_lock_listener(listener: Callable[[bool], None] | None) -> None:
     """Be told when this process starts (True) and stops (False) waiting for its GPU's lock.
 
     The worker forwards this to the runner, which stops a case's clock while it waits: the wait is
-    other workers' timed loops, not this kernel (session 3's 25 timeouts were mostly such waits).
+    other workers' timed loops (of this sweep or of another on the same GPU), not this kernel's time.
     """
     global _lock_listener
     _lock_listener = listener

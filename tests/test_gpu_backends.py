@@ -105,8 +105,9 @@ def test_timing_inputs_are_drawn_on_the_gpu():
     case = _case("sdpa_flash", op="decode", dims=(256, 256), features=("causal", "varlen", "sinks"))
     shape = TIMING_SHAPES["decode"][0]
     p = make_problem(case, shape, device="cuda", seed=7, draw_on_device=True)
-    again = make_problem(case, shape, device="cuda", seed=7, draw_on_device=True)
     for t in (p.q, p.k, p.v):
-        assert t.is_cuda and t.dtype == torch.bfloat16 and t.float().std().item() > 0.5
+        assert t.is_cuda and t.dtype == torch.bfloat16 and t[:1].float().std().item() > 0.5
+    again = make_problem(case, shape, device="cuda", seed=7, draw_on_device=True)
     assert torch.equal(p.k, again.k) and p.seqlens_k == again.seqlens_k
+    del again  # each problem holds over 8 GB
     assert not torch.equal(p.k, make_problem(case, shape, device="cuda", seed=8, draw_on_device=True).k)
