@@ -26,7 +26,7 @@
 # - FA2's build took 1,414 s sharing the cores with FlashInfer's compiles: those now run at nice 19.
 #   FA2 is built into the system Python, and there its regular `flash_attn` package hid FA4's
 #   `flash_attn.cute` (namespace) in every new process: the FA2 job now moves it to /tmp/fa2site, on
-#   the path of FA2's sweep and tests only (not yet run on a GPU).
+#   the path of FA2's sweep and tests only (scripts/isolate-fa2.py; it worked in session 4).
 # - Four concurrent sweeps overloaded the machine (load 87 on 32 cores): timeouts, OOMs and SIGKILLs
 #   that say nothing about the kernels (matrix/data/quarantine/README.md). Fewer workers per sweep.
 # - `save-cache` archives over 16 MiB do not come back through $OUT.
