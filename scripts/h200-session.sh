@@ -18,6 +18,9 @@
 #                                      128, timed (needs nothing installed; two runs of up to 4 minutes)
 #   collect    -                       waits up to WAIT s for every background job (SAVE_CACHE=1: saves
 #                                      FlashInfer's compiled modules), copies everything
+#   fa2-save   -                       after the fa2 job moved FA2 to /tmp/fa2site: packs it into parts under
+#                                      16 MiB for $OUT (keep them in .gpu/fa2/ here)
+#   fa2-stage  .gpu/fa2                before `stage`, in a later session: restores that FA2 (no build)
 #
 # Order: the two installs that share /tmp/site (fi, fa4) come before any sweep reads it, the FA2 build
 # (the longest job) first of all. Then `collect` calls, back to back, until everything is done.
@@ -42,7 +45,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-phase=${1:?usage: h200-session.sh stage|fi-stage|fi|fa4|ratio|collect}
+phase=${1:?usage: h200-session.sh fa2-stage|stage|fi-stage|fi|fa4|ratio|collect|fa2-save}
 state=/root/attnmatrix
 mkdir -p "$state" "${OUT:=$state/out}"
 ensure_project() {  # once, before sweeps start in parallel (two concurrent `pip install -e .` can collide)
@@ -91,8 +94,43 @@ copy_out() {  # at most 8 files come back: the result files first, then one arch
 }
 
 case "$phase" in
+fa2-save)
+  # The built FA2 (/tmp/fa2site, after the fa2 job moved it there), packed in parts under $OUT's 16 MiB per
+  # file, so a later session restores it with `fa2-stage` instead of building it again (724 s in session 4).
+  # Put what comes back in .gpu/fa2/ (ignored by git; it stays on the developer machine between sessions).
+  [[ -f $(ls /tmp/fa2site/flash_attn_2_cuda*.so 2> /dev/null | head -1) ]] || { echo "no FA2 in /tmp/fa2site yet" >&2; exit 1; }
+  find "$OUT" -mindepth 1 -delete 2> /dev/null
+  tar -czf "$state/fa2site.tar.gz" -C /tmp fa2site
+  split -b 15M -d "$state/fa2site.tar.gz" "$OUT/fa2site.tar.gz.part-"
+  nparts=$(ls "$OUT"/fa2site.tar.gz.part-* | wc -l)
+  echo "$nparts $(sha256sum < "$state/fa2site.tar.gz" | cut -d' ' -f1) $(python3 -c 'import torch; print(torch.__version__)')" \
+    > "$OUT/fa2site.manifest"
+  (( nparts <= 7 )) || echo "warning: $nparts parts: \$OUT returns at most 8 files a call" >&2
+  ls -la "$OUT"; cat "$OUT/fa2site.manifest"
+  exit 0
+  ;;
+fa2-stage)
+  # Carry .gpu/fa2 (the parts `fa2-save` returned and the manifest; split over several calls if they and
+  # the tree exceed 64 MiB: each call adds what it carries). Once every part is here, FA2 is restored
+  # into /tmp/fa2site and `stage` builds nothing.
+  mkdir -p /root/fa2parts
+  cp .gpu/fa2/* /root/fa2parts/ 2> /dev/null
+  [[ -f /root/fa2parts/fa2site.manifest ]] || { echo "no fa2site.manifest carried yet" >&2; exit 0; }
+  read -r nparts sum torch_saved < /root/fa2parts/fa2site.manifest
+  have=$(ls /root/fa2parts/fa2site.tar.gz.part-* 2> /dev/null | wc -l)
+  (( have == nparts )) || { echo "FA2 parts: $have of $nparts here; carry the rest in the next call"; exit 0; }
+  [[ $(cat /root/fa2parts/fa2site.tar.gz.part-* | sha256sum | cut -d' ' -f1) == "$sum" ]] \
+    || { echo "FA2 parts do not match their manifest's checksum" >&2; exit 1; }
+  torch_here=$(python3 -c 'import torch; print(torch.__version__)')
+  [[ $torch_here == "$torch_saved" ]] || echo "warning: FA2 was built against torch $torch_saved, this is $torch_here" >&2
+  cat /root/fa2parts/fa2site.tar.gz.part-* | tar -xzf - -C /tmp
+  touch "$state/fa2-build.started" "$state/fa2-build.done"
+  echo "FA2 restored into /tmp/fa2site (built against torch $torch_saved); \`stage\` will not build it"
+  exit 0
+  ;;
 stage)
   bash .gpu/a/stage.sh
+  if [[ -f $state/fa2-build.done ]]; then echo "FA2 already here (fa2-stage): not building it"; exit 0; fi
   sdist=$(ls /root/gpu-wheels/flash_attn-*.tar.gz 2> /dev/null | head -1)
   [[ -n "$sdist" ]] || { echo "no flash-attn sdist staged: FA2 will not be built" >&2; exit 0; }
   background fa2-build "MAX_JOBS=${FA2_JOBS:-20} bash /root/gpu-wheels/build-fa2.sh $sdist > /root/fa2.log 2>&1"
