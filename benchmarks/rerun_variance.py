@@ -16,28 +16,26 @@ import statistics
 import sys
 from pathlib import Path
 
+from attnmatrix.matrix.records import Record
+from attnmatrix.matrix.storage import read_records
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = (ROOT / "matrix/data/results/sm_90-fa2-h200x2-20261130.jsonl",
            ROOT / "benchmarks/results/fa2-rerun-h200x2-20261130.jsonl")
 
 
-def _records(path: Path) -> dict[str, dict]:
-    out = {}
-    for line in path.open():
-        if line.strip():
-            rec = json.loads(line)
-            out[json.dumps(rec["case"], sort_keys=True)] = rec
-    return out
+def _records(path: Path) -> dict[str, Record]:
+    return {rec.key: rec for _, rec in read_records(path)}
 
 
 def compare(first: Path, second: Path) -> dict:
     a, b = _records(first), _records(second)
     common = sorted(a.keys() & b.keys())
-    changed = [json.loads(k) for k in common if a[k]["outcome"] != b[k]["outcome"]]
+    changed = [key for key in common if a[key].outcome != b[key].outcome]
     ratios = []
-    for k in common:
-        before = {t["shape"]: t["latency_ms"] for t in a[k].get("timings") or ()}
-        ratios += [t["latency_ms"] / before[t["shape"]] for t in b[k].get("timings") or () if t["shape"] in before]
+    for key in common:
+        before = {t.shape: t.latency_ms for t in a[key].timings}
+        ratios += [t.latency_ms / before[t.shape] for t in b[key].timings if t.shape in before]
     ratios.sort()
     n = len(ratios)
 

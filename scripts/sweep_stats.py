@@ -7,7 +7,8 @@ Worker time, summed over workers: with W workers in parallel, a sweep's wall tim
 largest of these sums divided by W. A first call over 1 s is counted as slow: for FA4, FlashInfer
 and XQA that is a JIT compile (a kernel loaded from their caches returns in milliseconds); for FA2
 and SDPA, which compile nothing at run time, it is CUDA's lazy module loading on a busy machine.
-The timing phase includes waiting for the GPU's timing lock, which concurrent workers share.
+The timing phase includes drawing the timed shapes' inputs and waiting for the GPU's timing lock,
+which concurrent workers share (`gpu_lock_wait_s`); its median and max per timed case, by op, are listed too.
 Refusals, and records written before seconds were recorded, count under `without_seconds`.
 Also: the best TFLOP/s per backend, with the matmul peak measured in the same run.
 """
@@ -26,7 +27,7 @@ COMPILE_S = 1.0
 def stats(paths: list[Path]) -> dict[str, dict]:
     acc: dict[str, dict] = defaultdict(lambda: {"records": 0, "without_seconds": 0, "first_call_s": 0.0,
                                                 "check_s": 0.0, "timing_s": 0.0, "gpu_lock_wait_s": 0.0,
-                                                "slow": [], "best": None})
+                                                "slow": [], "best": None, "timing_by_op": defaultdict(list)})
     for path in paths:
         for line in path.open():
             if not line.strip():
@@ -43,13 +44,18 @@ def stats(paths: list[Path]) -> dict[str, dict]:
                 a[f"{phase}_s"] += secs.get(phase, 0.0)
             if secs.get("first_call", 0.0) > COMPILE_S:
                 a["slow"].append(secs["first_call"])
+            if "timing" in secs:
+                a["timing_by_op"][rec["case"]["op"]].append(secs["timing"])
     out = {}
     for backend, a in sorted(acc.items()):
         slow = a.pop("slow")
         best = a.pop("best")
+        by_op = a.pop("timing_by_op")
         out[backend] = {**{k: round(v, 1) if isinstance(v, float) else v for k, v in a.items()},
                         "slow_first_calls": len(slow), "slow_first_call_s": round(sum(slow), 1),
                         "median_slow_first_call_s": round(statistics.median(slow), 1) if slow else None,
+                        "timing_s_per_case": {op: {"cases": len(v), "median": round(statistics.median(v), 1),
+                                                   "max": round(max(v), 1)} for op, v in sorted(by_op.items())},
                         "best_tflops": best}
     return out
 
@@ -80,6 +86,11 @@ def main() -> None:
     print("backend".ljust(16) + " ".join(c.rjust(len(c)) for c in cols))
     for backend, row in table.items():
         print(backend.ljust(16) + " ".join(str(row[c]).rjust(len(c)) for c in cols))
+    print("\ntiming phase per timed case (seconds): cases, median, max, by op")
+    for backend, row in table.items():
+        ops = "  ".join(f"{op} {t['cases']} {t['median']} {t['max']}" for op, t in row["timing_s_per_case"].items())
+        if ops:
+            print(f"{backend.ljust(16)}{ops}")
     print("\nbest TFLOP/s per backend (fraction of the matmul peak recorded in the same run)")
     for backend, row in table.items():
         b = row["best_tflops"]
