@@ -12,8 +12,8 @@
 #   fi         .gpu/fi/b .resume       installs FlashInfer; starts two sweeps in the background: XQA
 #                                      decode (trtllm_decode) and FlashInfer's own kernels (MLA dims first)
 #   fa4        .gpu/b (.resume)         installs FA4; starts the main sweep (FA4, FA3, SDPA's four) and the
-#                                      FA2 job (waits for the build; 1 GPU against all on FA2's bf16 cases,
-#                                      then the rest of FA2, and `pytest -m gpu`) in the background
+#                                      FA2 job (waits for the build; FA2's cells with no record, then
+#                                      `pytest -m gpu`) in the background
 #   ratio      -                       1 GPU against all on PyTorch SDPA's bf16 cases at head dims 64 and
 #                                      128, timed (needs nothing installed; two runs of up to 4 minutes)
 #   collect    -                       waits up to WAIT s for every background job (SAVE_CACHE=1: saves
@@ -98,7 +98,7 @@ fa2-save)
   # The built FA2 (/tmp/fa2site, after the fa2 job moved it there), packed in parts under $OUT's 16 MiB per
   # file, so a later session restores it with `fa2-stage` instead of building it again (724 s in session 4).
   # Put what comes back in .gpu/fa2/ (ignored by git; it stays on the developer machine between sessions).
-  [[ -f $(ls /tmp/fa2site/flash_attn_2_cuda*.so 2> /dev/null | head -1) ]] || { echo "no FA2 in /tmp/fa2site yet" >&2; exit 1; }
+  compgen -G "/tmp/fa2site/flash_attn_2_cuda*.so" > /dev/null || { echo "no FA2 in /tmp/fa2site yet" >&2; exit 1; }
   find "$OUT" -mindepth 1 -delete 2> /dev/null
   tar -czf "$state/fa2site.tar.gz" -C /tmp fa2site
   split -b 15M -d "$state/fa2site.tar.gz" "$OUT/fa2site.tar.gz.part-"
@@ -167,27 +167,20 @@ fa4)
   ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
   background main ". /tmp/gpu-env.sh; WORKERS=$((4 * ngpu)) bash scripts/h200-sweep.sh \
     fa4,fa3,sdpa_cudnn,sdpa_flash,sdpa_efficient,sdpa_math ${MAIN_LIMIT:-900} --timed-dtypes bfloat16"
-  # FA2, once built, moves out of the system Python into its own folder (/tmp/fa2site), which only the FA2
-  # sweeps and FA2's tests put on their path: FA2's regular `flash_attn` package otherwise hides FA4's
-  # `flash_attn.cute` in every process (session 3). Then, in order of value:
-  #  1. FA2's bf16 cases on every GPU, timed, into a fresh file (its new cells are kept; its wall time is
-  #     the "all GPUs" side of the scaling ratio);
-  #  2. FA2's fp16 cases (validated, untimed), resuming the committed FA2 file;
-  #  3. the GPU tests, FA4 visible, then FA2's with FA2 on the path;
-  #  4. the same bf16 cases as 1 on GPU 0 alone, with the same workers per GPU (a scratch file): FA2
-  #     compiles nothing at run time, so wall(4) / wall(1) is the multi-GPU scaling, GPU-bound.
+  # FA2, once built (or restored by fa2-stage), moves out of the system Python into its own folder
+  # (/tmp/fa2site), which only the FA2 sweep and FA2's tests put on their path: FA2's regular `flash_attn`
+  # package otherwise hides FA4's `flash_attn.cute` in every process (session 3). Then FA2's cells with no
+  # record yet (carry the committed FA2 files as .resume/sm_90-fa2.jsonl), and the GPU tests: FA4 visible,
+  # then FA2's with FA2 on the path. The 1-vs-all-GPU ratio is the `ratio` phase's, on SDPA.
   fa2env="PYTHONPATH=/tmp/fa2site:\$PYTHONPATH"
-  fa2="$fa2env bash scripts/h200-sweep.sh fa2 600"
   background fa2 ". /tmp/gpu-env.sh; while [[ ! -f $state/fa2-build.done ]]; do sleep 2; done; tail -n 3 /root/fa2.log; \
     python3 scripts/isolate-fa2.py /tmp/fa2site; \
     $fa2env python3 -c 'import torch, flash_attn, flash_attn_2_cuda' || exit 1; \
-    RESULTS=sm_90-fa2-2gpu WORKERS=$((4 * ngpu)) $fa2 --dtypes bfloat16 --timed-dtypes bfloat16; \
-    RESULTS=sm_90-fa2 WORKERS=$((4 * ngpu)) $fa2 --dtypes float16 --timed-dtypes bfloat16; \
+    RESULTS=sm_90-fa2 WORKERS=$((4 * ngpu)) $fa2env bash scripts/h200-sweep.sh fa2 600 --timed-dtypes bfloat16; \
     [[ -f /tmp/fi-env.sh ]] && . /tmp/fi-env.sh; \
     timeout 600 python3 -m pytest -m gpu -v -p no:cacheprovider tests > $state/pytest-gpu.txt 2>&1; \
     $fa2env timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider -k fa2 \
-      tests/test_gpu_backends.py > $state/pytest-gpu-fa2.txt 2>&1; \
-    RESULTS=ratio-fa2-1gpu GPUS=0 WORKERS=4 $fa2 --dtypes bfloat16 --timed-dtypes bfloat16"
+      tests/test_gpu_backends.py > $state/pytest-gpu-fa2.txt 2>&1"
   ;;
 ratio)
   # 1 GPU against all, GPU-bound: PyTorch's SDPA kernels need no install and compile nothing, and timing
