@@ -3,12 +3,15 @@
 Skipped without a GPU (conftest) and, per backend, where its library is not installed. On a GPU
 machine: `python -m pytest -m gpu -v`; commit its output with that session's results.
 
-Last run: H200 x2, 2026-11-30 (session 3), `tests/gpu-results/pytest-gpu-h200x2-20261130.txt`:
-14 passed, 1 skipped. The skip is FA4: FA2 had just been installed into the same Python, and its
-regular `flash_attn` package hides FA4's namespace package `flash_attn.cute` (the backend's
-unavailable reason now says so); the same FA4 case passes in the committed H200 sweep results.
-Session 4 spent its device time on FA2's sweep and did not run these tests:
-`test_timing_inputs_are_drawn_on_the_gpu` has not run on a GPU yet.
+Last run: H200 x2, 2026-11-30 (session 5), in two passes, because FA2's regular `flash_attn` package
+hides FA4's namespace package `flash_attn.cute` in any process that has both on its path (session 3):
+- `tests/gpu-results/pytest-gpu-h200x2-20261130-session5.txt`: every GPU test with FA4 visible and FA2
+  off the path: 17 passed, 8 skipped (FA2's five, FlashInfer's and XQA's, not installed in that call,
+  and `test_ray_executor.py`, skipped whole: Ray is not installed there).
+  `test_timing_inputs_are_drawn_on_the_gpu` passed.
+- `tests/gpu-results/pytest-gpu-fa2-h200x2-20261130-session5.txt`: `-k fa2` with FA2 on the path (FA2
+  restored by `h200-session.sh fa2-stage` from the parts `fa2-save` returned): 5 passed.
+Session 3's run (`pytest-gpu-h200x2-20261130.txt`, 14 passed, 1 skipped) had FA4 hidden by FA2.
 """
 
 from __future__ import annotations

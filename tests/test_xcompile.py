@@ -226,7 +226,12 @@ def test_kernel_compiled_without_a_gpu_is_reused_by_a_gpu_process(tmp_path):
     """Cross-compile with the GPU hidden (CUDA_VISIBLE_DEVICES=""), then run the same problem on the GPU
     with the same FA4 cache directory: FA4 must load the kernel instead of compiling (no new .o) and the
     result must match the reference. Same machine, so the cache fingerprint (Python minor version,
-    cutlass-dsl, tvm-ffi, FA4 sources) matches by construction."""
+    cutlass-dsl, tvm-ffi, FA4 sources) matches by construction.
+
+    The control is the same GPU process on an empty cache, which must compile. A first call is not
+    compared with the cross-compile's own `compile_s`: it also pays for CUDA's context, the DSL's setup
+    and the kernel's tracing. On the H200 (session 5) it took 6.0 to 6.5 s with the cache and 8.5 to
+    8.7 s without, against a 2.8 s cross-compile."""
     import json
     import subprocess
 
@@ -242,11 +247,20 @@ def test_kernel_compiled_without_a_gpu_is_reused_by_a_gpu_process(tmp_path):
     assert before
     env = {k: v for k, v in os.environ.items() if k not in ("FLASH_ATTENTION_ARCH", "CUTE_DSL_ARCH",
                                                             "FLASH_ATTENTION_NUM_SMS", "CUDA_VISIBLE_DEVICES")}
-    env.update({"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(cache)})
-    res = subprocess.run([sys.executable, "-c", _GPU_RUN, json.dumps(case.to_dict())], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
-    assert got["ok"]
+
+    def first_call_on_gpu(cache_dir: os.PathLike) -> float:
+        run_env = dict(env, FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="1",
+                       FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=str(cache_dir))
+        res = subprocess.run([sys.executable, "-c", _GPU_RUN, json.dumps(case.to_dict())], env=run_env,
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        assert got["ok"]
+        return got["first_call_s"]
+
+    cold_cache = tmp_path / "empty-cache"
+    cold = first_call_on_gpu(cold_cache)
+    assert list(cold_cache.rglob("*.o"))  # the control compiled
+    cached = first_call_on_gpu(cache)
     assert sorted(cache.rglob("*.o")) == before  # loaded, not recompiled
-    assert got["first_call_s"] < rec.extra["compile_s"]
+    assert cached < cold, f"first call with the cross-compiled kernel {cached:.2f} s, compiling {cold:.2f} s"
