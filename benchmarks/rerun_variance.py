@@ -4,7 +4,8 @@ For every cell present in both files, compares outcomes (they must agree) and, p
 ratio of the second run's median latency to the first's. Prints the distribution and writes
 benchmarks/results/rerun_variance.json.
 
-usage: python benchmarks/rerun_variance.py FIRST.jsonl SECOND.jsonl
+usage: python benchmarks/rerun_variance.py FIRST.jsonl [FIRST.jsonl ...] SECOND.jsonl
+(the first run's records may span several files, e.g. the committed sweep files of one arch)
 default: FA2 on the H200, session 3's run (matrix/data/results/sm_90-fa2-h200x2-20261130.jsonl)
 against the same 200 cells measured again in session 4 (benchmarks/results/fa2-rerun-h200x2-20261130.jsonl).
 """
@@ -24,12 +25,17 @@ DEFAULT = (ROOT / "matrix/data/results/sm_90-fa2-h200x2-20261130.jsonl",
            ROOT / "benchmarks/results/fa2-rerun-h200x2-20261130.jsonl")
 
 
-def _records(path: Path) -> dict[str, Record]:
-    return {rec.key: rec for _, rec in read_records(path)}
+def _records(*paths: Path) -> dict[str, Record]:
+    return {rec.key: rec for path in paths for _, rec in read_records(path)}
 
 
-def compare(first: Path, second: Path) -> dict:
-    a, b = _records(first), _records(second)
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+
+
+def compare(first: Path | list[Path], second: Path) -> dict:
+    firsts = first if isinstance(first, list) else [first]
+    a, b = _records(*firsts), _records(second)
     common = sorted(a.keys() & b.keys())
     changed = [key for key in common if a[key].outcome != b[key].outcome]
     ratios = []
@@ -42,21 +48,22 @@ def compare(first: Path, second: Path) -> dict:
     def q(p: float) -> float | None:
         return round(ratios[min(n - 1, int(p * n))], 3) if n else None
 
-    return {"first": str(first.relative_to(ROOT) if first.is_relative_to(ROOT) else first),
-            "second": str(second.relative_to(ROOT) if second.is_relative_to(ROOT) else second),
+    return {"first": ", ".join(_shown(p) for p in firsts), "second": _shown(second),
             "cells_in_both": len(common), "outcome_changes": changed, "timed_shapes": n,
             "latency_ratio": {"median": round(statistics.median(ratios), 3) if n else None, "p05": q(0.05),
                               "p95": q(0.95), "min": q(0.0), "max": q(1.0)}}
 
 
 def main() -> None:
-    first, second = (Path(p).resolve() for p in sys.argv[1:3]) if len(sys.argv) == 3 else DEFAULT
-    result = compare(first, second)
+    paths = [Path(p).resolve() for p in sys.argv[1:]] or list(DEFAULT)
+    if len(paths) < 2:
+        sys.exit("usage: python benchmarks/rerun_variance.py FIRST.jsonl [FIRST.jsonl ...] SECOND.jsonl")
+    result = compare(paths[:-1], paths[-1])
     r = result["latency_ratio"]
     print(f"{result['cells_in_both']} cells in both runs, {len(result['outcome_changes'])} outcome changes")
     print(f"{result['timed_shapes']} timed shapes, latency second/first: median {r['median']}, "
           f"5-95% {r['p05']}-{r['p95']}, min {r['min']}, max {r['max']}")
-    if len(sys.argv) != 3:
+    if len(sys.argv) == 1:
         out = ROOT / "benchmarks/results/rerun_variance.json"
         out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
 

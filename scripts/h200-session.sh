@@ -14,8 +14,8 @@
 #   fa4        .gpu/b (.resume)         installs FA4; starts the main sweep (FA4, FA3, SDPA's four) and the
 #                                      FA2 job (waits for the build; FA2's cells with no record, then
 #                                      `pytest -m gpu`) in the background
-#   ratio      -                       1 GPU against all on PyTorch SDPA's bf16 cases at head dims 64 and
-#                                      128, timed (needs nothing installed; two runs of up to 4 minutes)
+#   ratio      -                       1 GPU against all on PyTorch SDPA's whole bf16 space (1,208 cases),
+#                                      timed (needs nothing installed; 142 s and 83 s in session 5)
 #   collect    -                       waits up to WAIT s for every background job (SAVE_CACHE=1: saves
 #                                      FlashInfer's compiled modules), copies everything
 #   fa2-save   -                       after the fa2 job moved FA2 to /tmp/fa2site: packs it into parts under
@@ -41,6 +41,13 @@
 # - Untimed, FA2's 302 fp16 cases took 24 s on 2 GPUs (745 cases/min).
 # - `pkill -f PATTERN` in a `run` command matches that command's own shell: write the pattern so it
 #   does not match itself (e.g. "RESULTS=sm_90-flashinfe[r]"), or the call dies with rc -1.
+# Session 5 (H200 x2, ~1,120 s of device time) found:
+# - FA2 built in 606 s (30 jobs at nice 19, beside the ratio runs and a fresh FA4 sweep); `fa2-save`
+#   returned it in 3 parts (43.6 MB) and `fa2-stage` restored it on a fresh machine in 6 s: FA2's tests
+#   passed on the restored copy. Later sessions: fa2-stage, then stage (no build).
+# - With timing inputs drawn on the GPU, sweeps are GPU-bound (the GPU lock is waited on): SDPA's whole
+#   bf16 space took 141.5 s on 1 GPU and 82.8 s on 2 (1.71x); a 156-case subset, 26.7 s against 17.6 s
+#   (1.52x: worker start-up weighs more in a short run). FA2's decode cases' timing took 0.3 s (41 s).
 # Every phase ends by copying the result files and logs so far to $OUT and printing progress.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -185,13 +192,16 @@ fa4)
 ratio)
   # 1 GPU against all, GPU-bound: PyTorch's SDPA kernels need no install and compile nothing, and timing
   # inputs are drawn on the GPU (session 4 found FA2's sweeps bound by drawing them on the CPU). The same
-  # bf16 cases, timed, into two scratch files, 4 workers per GPU each; the ratio is the two summaries'
-  # wall_s. About 160 cases per run; each run stops at RATIO_LIMIT seconds (a killed run has no ratio).
+  # cases (SDPA's whole bf16 space by default, 1,208 cases, timed) into two scratch files, 4 workers per
+  # GPU each; the ratio is the two summaries' wall_s. Each run stops at RATIO_LIMIT seconds (a killed
+  # run has no ratio). Session 5: 141.5 s on 1 GPU, 82.8 s on 2. A short run measures worker start-up
+  # more than the GPUs: 156 cases (flash, efficient and cuDNN at head dims 64 and 128, prefill and decode)
+  # gave 26.7 s against 17.6 s.
   ensure_project
   ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
   (( ngpu > 1 )) || { echo "one GPU here: no ratio to measure" >&2; exit 0; }
-  args="sdpa_flash,sdpa_efficient,sdpa_cudnn ${RATIO_LIMIT:-240} --dtypes bfloat16 --timed-dtypes bfloat16 \
-    --head-dims ${RATIO_HEAD_DIMS:-64,128} --ops prefill,decode"
+  args="sdpa_flash,sdpa_efficient,sdpa_cudnn,sdpa_math ${RATIO_LIMIT:-280} --dtypes bfloat16 --timed-dtypes bfloat16"
+  [[ -n ${RATIO_HEAD_DIMS:-} ]] && args="$args --head-dims $RATIO_HEAD_DIMS"
   RESULTS=ratio-sdpa-1gpu GPUS=0 WORKERS=4 bash scripts/h200-sweep.sh $args
   RESULTS=ratio-sdpa-${ngpu}gpu WORKERS=$((4 * ngpu)) bash scripts/h200-sweep.sh $args
   python3 - "$state" "$ngpu" <<'PY'
