@@ -93,6 +93,9 @@ def _released(record):
     A kernel fault can surface here, after the case returned: CUDA reports errors at the next
     synchronising call. It belongs to the case that just ran, not to the next one, so its record
     becomes a `crash` that says so (on the H200, FA4 at head dims 160/224 with paged KV did this).
+    What the record said before stays in its reason, the CUDA error's first line before it (the rest
+    is CUDA's generic advice): FlashInfer's prefill at head dims 80/96/160 refused in its own words
+    and left such a fault behind (session 5).
     """
     import torch
 
@@ -105,9 +108,12 @@ def _released(record):
             raise
         if record.extra.get("device_fault"):
             return record  # the probe already caught this fault, in the kernel's own call
-        note = f"kernel fault reported after the case (its record said {record.outcome!r}): {type(e).__name__}: {e}"
+        fault = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        note = f"kernel fault reported after the case: {type(e).__name__}: {fault}; its record said {record.outcome!r}"
+        if record.reason:
+            note += f": {record.reason}"
         return replace(record, outcome="crash", reason=note[:MESSAGE_CHARS], timings=(),
-                       extra={**record.extra, "device_fault": True})
+                       extra={**record.extra, "device_fault": True, "outcome_before_fault": record.outcome})
     return record
 
 

@@ -238,17 +238,22 @@ def test_a_fault_reported_after_the_case_is_that_cases_crash(monkeypatch) -> Non
 
     case = _case("sdpa_cpu")
 
-    def probe(outcome, **extra):
+    def probe(outcome, reason=None, **extra):
         return lambda c, cfg, base, backend: Record(case=c, outcome=outcome, tier="validated", extra=extra,
-                                                    reason="kernel fault: CUDA error" if extra else None)
+                                                    reason="kernel fault: CUDA error" if extra else reason)
 
     def fault():
-        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nSearch for `cudaErrorIllegalAddress'")
 
     monkeypatch.setattr(torch.cuda, "empty_cache", fault)
     rec = worker._run_with_memory_retry(probe("pass"), case, None, {}, None, "cuda")
-    assert rec.outcome == "crash" and rec.extra["device_fault"] is True
-    assert rec.reason.startswith("kernel fault reported after the case (its record said 'pass')")
+    assert rec.outcome == "crash" and rec.extra["device_fault"] is True and rec.extra["outcome_before_fault"] == "pass"
+    assert rec.reason == ("kernel fault reported after the case: RuntimeError: CUDA error: an illegal memory access "
+                          "was encountered; its record said 'pass'")
+    # a refusal that left a fault behind keeps the kernel's own words (FlashInfer, head dim 80, session 5)
+    refusal = "FlashInfer Internal Error: Invalid configuration : NUM_MMA_Q=2 NUM_MMA_D_QK=5"
+    rec = worker._run_with_memory_retry(probe("rejected", refusal), case, None, {}, None, "cuda")
+    assert rec.outcome == "crash" and rec.reason.endswith(f"its record said 'rejected': {refusal}")
     # a fault the probe already caught keeps the probe's own words
     rec = worker._run_with_memory_retry(probe("crash", device_fault=True), case, None, {}, None, "cuda")
     assert rec.reason == "kernel fault: CUDA error"
