@@ -11,6 +11,8 @@ hides FA4's namespace package `flash_attn.cute` in any process that has both on 
   `test_timing_inputs_are_drawn_on_the_gpu` passed.
 - `tests/gpu-results/pytest-gpu-fa2-h200x2-20261130-session5.txt`: `-k fa2` with FA2 on the path (FA2
   restored by `h200-session.sh fa2-stage` from the parts `fa2-save` returned): 5 passed.
+- `tests/gpu-results/pytest-gpu-flashinfer-h200x2-20261130-session5.txt`: `-k "flashinfer or trtllm"` on a
+  later machine with FlashInfer installed: 2 passed.
 Session 3's run (`pytest-gpu-h200x2-20261130.txt`, 14 passed, 1 skipped) had FA4 hidden by FA2.
 """
 
