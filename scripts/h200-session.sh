@@ -48,6 +48,8 @@
 # - With timing inputs drawn on the GPU, sweeps are GPU-bound (the GPU lock is waited on): SDPA's whole
 #   bf16 space took 141.5 s on 1 GPU and 82.8 s on 2 (1.71x); a 156-case subset, 26.7 s against 17.6 s
 #   (1.52x: worker start-up weighs more in a short run). FA2's decode cases' timing took 0.3 s (41 s).
+# - FlashInfer alone on a machine (no build beside it, not niced) compiles fast: decode modules 12-15 s,
+#   prefill modules 100-144 s (368-640 s at nice 19 beside the FA2 build in session 4).
 # Every phase ends by copying the result files and logs so far to $OUT and printing progress.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
