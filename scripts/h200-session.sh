@@ -41,7 +41,8 @@
 # - Untimed, FA2's 302 fp16 cases took 24 s on 2 GPUs (745 cases/min).
 # - `pkill -f PATTERN` in a `run` command matches that command's own shell: write the pattern so it
 #   does not match itself (e.g. "RESULTS=sm_90-flashinfe[r]"), or the call dies with rc -1.
-# Session 5 (H200 x2, ~1,120 s of device time) found:
+# Session 5 (H200 x2, 1,671 s of device time over three machines: the first for FA2, the ratio and a fresh FA4
+# sweep; the second to test fa2-stage and run the GPU tests; the third for FlashInfer) found:
 # - FA2 built in 606 s (30 jobs at nice 19, beside the ratio runs and a fresh FA4 sweep); `fa2-save`
 #   returned it in 3 parts (43.6 MB) and `fa2-stage` restored it on a fresh machine in 6 s: FA2's tests
 #   passed on the restored copy. Later sessions: fa2-stage, then stage (no build).
