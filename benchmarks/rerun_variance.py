@@ -33,8 +33,8 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
 
 
-def compare(first: Path | list[Path], second: Path) -> dict:
-    firsts = first if isinstance(first, list) else [first]
+def compare(firsts: list[Path], second: Path) -> dict:
+    """The first run's records (from one or more files) against the second run's."""
     a, b = _records(*firsts), _records(second)
     common = sorted(a.keys() & b.keys())
     changed = [key for key in common if a[key].outcome != b[key].outcome]

@@ -108,7 +108,7 @@ def _released(record):
             raise
         if record.extra.get("device_fault"):
             return record  # the probe already caught this fault, in the kernel's own call
-        fault = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        fault = (str(e).strip() or repr(e)).splitlines()[0]
         note = f"kernel fault reported after the case: {type(e).__name__}: {fault}; its record said {record.outcome!r}"
         if record.reason:
             note += f": {record.reason}"

@@ -44,13 +44,13 @@
 # Session 5 (H200 x2, 1,671 s of device time over three machines: the first for FA2, the ratio and a fresh FA4
 # sweep; the second to test fa2-stage and run the GPU tests; the third for FlashInfer) found:
 # - FA2 built in 606 s (30 jobs at nice 19, beside the ratio runs and a fresh FA4 sweep); `fa2-save`
-#   returned it in 3 parts (43.6 MB) and `fa2-stage` restored it on a fresh machine in 6 s: FA2's tests
+#   returned it in 3 parts and `fa2-stage` restored it on a fresh machine, with no build: FA2's tests
 #   passed on the restored copy. Later sessions: fa2-stage, then stage (no build).
 # - With timing inputs drawn on the GPU, sweeps are GPU-bound (the GPU lock is waited on): SDPA's whole
 #   bf16 space took 141.5 s on 1 GPU and 82.8 s on 2 (1.71x); a 156-case subset, 26.7 s against 17.6 s
 #   (1.52x: worker start-up weighs more in a short run). FA2's decode cases' timing took 0.3 s (41 s).
-# - FlashInfer alone on a machine (no build beside it, not niced) compiles fast: decode modules 12-15 s,
-#   prefill modules 100-144 s (368-640 s at nice 19 beside the FA2 build in session 4).
+# - FlashInfer alone on a machine (no build beside it, not niced) compiles fast: decode modules 12-23 s,
+#   prefill modules 101-144 s (368-640 s at nice 19 beside the FA2 build in session 4); sweep_stats.py prints these.
 # Every phase ends by copying the result files and logs so far to $OUT and printing progress.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)

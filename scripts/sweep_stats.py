@@ -8,7 +8,8 @@ largest of these sums divided by W. A first call over 1 s is counted as slow: fo
 and XQA that is a JIT compile (a kernel loaded from their caches returns in milliseconds); for FA2
 and SDPA, which compile nothing at run time, it is CUDA's lazy module loading on a busy machine.
 The timing phase includes drawing the timed shapes' inputs and waiting for the GPU's timing lock,
-which concurrent workers share (`gpu_lock_wait_s`); its median and max per timed case, by op, are listed too.
+which concurrent workers share (`gpu_lock_wait_s`); its median and max per timed case, by op, are listed too,
+and so are the slow first calls' min, median and max, by op.
 Refusals, and records written before seconds were recorded, count under `without_seconds`.
 Also: the best TFLOP/s per backend, with the matmul peak measured in the same run.
 """
@@ -27,7 +28,8 @@ COMPILE_S = 1.0
 def stats(paths: list[Path]) -> dict[str, dict]:
     acc: dict[str, dict] = defaultdict(lambda: {"records": 0, "without_seconds": 0, "first_call_s": 0.0,
                                                 "check_s": 0.0, "timing_s": 0.0, "gpu_lock_wait_s": 0.0,
-                                                "slow": [], "best": None, "timing_by_op": defaultdict(list)})
+                                                "slow": [], "best": None, "timing_by_op": defaultdict(list),
+                                                "slow_by_op": defaultdict(list)})
     for path in paths:
         for line in path.open():
             if not line.strip():
@@ -44,6 +46,7 @@ def stats(paths: list[Path]) -> dict[str, dict]:
                 a[f"{phase}_s"] += secs.get(phase, 0.0)
             if secs.get("first_call", 0.0) > COMPILE_S:
                 a["slow"].append(secs["first_call"])
+                a["slow_by_op"][rec["case"]["op"]].append(secs["first_call"])
             if "timing" in secs:
                 a["timing_by_op"][rec["case"]["op"]].append(secs["timing"])
     out = {}
@@ -51,11 +54,16 @@ def stats(paths: list[Path]) -> dict[str, dict]:
         slow = a.pop("slow")
         best = a.pop("best")
         by_op = a.pop("timing_by_op")
+        slow_by_op = a.pop("slow_by_op")
         out[backend] = {**{k: round(v, 1) if isinstance(v, float) else v for k, v in a.items()},
                         "slow_first_calls": len(slow), "slow_first_call_s": round(sum(slow), 1),
                         "median_slow_first_call_s": round(statistics.median(slow), 1) if slow else None,
                         "timing_s_per_case": {op: {"cases": len(v), "median": round(statistics.median(v), 1),
                                                    "max": round(max(v), 1)} for op, v in sorted(by_op.items())},
+                        "slow_first_call_s_per_case": {op: {"cases": len(v), "min": round(min(v), 1),
+                                                            "median": round(statistics.median(v), 1),
+                                                            "max": round(max(v), 1)}
+                                                       for op, v in sorted(slow_by_op.items())},
                         "best_tflops": best}
     return out
 
@@ -89,6 +97,12 @@ def main() -> None:
     print("\ntiming phase per timed case (seconds): cases, median, max, by op")
     for backend, row in table.items():
         ops = "  ".join(f"{op} {t['cases']} {t['median']} {t['max']}" for op, t in row["timing_s_per_case"].items())
+        if ops:
+            print(f"{backend.ljust(16)}{ops}")
+    print("\nslow first calls (over 1 s: compiles) per case (seconds): cases, min, median, max, by op")
+    for backend, row in table.items():
+        ops = "  ".join(f"{op} {t['cases']} {t['min']} {t['median']} {t['max']}"
+                        for op, t in row["slow_first_call_s_per_case"].items())
         if ops:
             print(f"{backend.ljust(16)}{ops}")
     print("\nbest TFLOP/s per backend (fraction of the matmul peak recorded in the same run)")
