@@ -15,22 +15,15 @@
 #   trtllm_ragged: 0.7.4
 # Evidence files:
 #   matrix/data/declared.json
-#   matrix/data/results/cpu-sdpa-20261130.jsonl
-#   matrix/data/results/sm_90-fa2-h200x2-20261130.jsonl
-#   matrix/data/results/sm_90-fa2-h200x2-20261130d.jsonl
-#   matrix/data/results/sm_90-fa2-h200x2-20261130e.jsonl
-#   matrix/data/results/sm_90-flashinfer-h200x2-20261130.jsonl
-#   matrix/data/results/sm_90-flashinfer-h200x2-20261130b.jsonl
-#   matrix/data/results/sm_90-flashinfer-h200x2-20261130d.jsonl
-#   matrix/data/results/sm_90-flashinfer-h200x2-20261130e.jsonl
-#   matrix/data/results/sm_90-h200-20261130.jsonl
-#   matrix/data/results/sm_90-h200x2-20261130.jsonl
-#   matrix/data/results/sm_90-h200x2-20261130c.jsonl
-#   matrix/data/results/sm_90-h200x2-20261130d.jsonl
-#   matrix/data/results/sm_90-xqa-h200x2-20261130.jsonl
-#   matrix/data/results/sm_90-xqa-h200x2-20261130d.jsonl
-#   matrix/data/results/xcompile-fa4-20261130.jsonl
-#   matrix/data/results/xcompile-fa4-20261130b.jsonl
+#   matrix/data/results/cpu-sdpa-torch2.13.0-epyc-20261130.jsonl
+#   matrix/data/results/sm_90-fa2-2.8.3.post2-h200-20261130.jsonl
+#   matrix/data/results/sm_90-fa3-not-installed-h200-20261130.jsonl
+#   matrix/data/results/sm_90-fa4-4.0.0b36-h200-20261130.jsonl
+#   matrix/data/results/sm_90-flashinfer-0.7.4-h200-20261130.jsonl
+#   matrix/data/results/sm_90-sdpa-torch2.11.0-cu130-h200-20261130.jsonl
+#   matrix/data/results/sm_90-trtllm-gen-flashinfer-0.7.4-h200-20261130.jsonl
+#   matrix/data/results/sm_90-xqa-flashinfer-0.7.4-h200-20261130.jsonl
+#   matrix/data/results/xcompile-sm_80-to-sm_120-fa4-4.0.0b36-cutlass-dsl-4.8.1-20261130.jsonl
 # ruff: noqa: E501
 """Attention backend selector, generated from the attnmatrix compatibility matrix.
 
