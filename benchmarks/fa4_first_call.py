@@ -8,7 +8,7 @@ the two (a first call also pays for CUDA's context, the DSL's setup and tracing,
 compared with the cross-compile's own `compile_s`). It reuses that test's GPU program and target.
 
 usage: python benchmarks/fa4_first_call.py      (on a GPU machine with flash-attn-4 installed)
-Session 5's H200 output: benchmarks/results/h200x2-20261130-session5/fa4-first-call.txt
+Output on an H200 (flash-attn-4 4.0.0b36, torch 2.11.0+cu130): benchmarks/results/sm_90-fa4-first-call-h200-20261130.txt
 """
 
 from __future__ import annotations

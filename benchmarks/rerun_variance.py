@@ -6,8 +6,9 @@ benchmarks/results/rerun_variance.json.
 
 usage: python benchmarks/rerun_variance.py FIRST.jsonl [FIRST.jsonl ...] SECOND.jsonl
 (the first run's records may span several files, e.g. the committed sweep files of one arch)
-default: FA2 on the H200, session 3's run (matrix/data/results/sm_90-fa2-h200x2-20261130.jsonl)
-against the same 200 cells measured again in session 4 (benchmarks/results/fa2-rerun-h200x2-20261130.jsonl).
+default: FA2 2.8.3.post2's committed H200 records (matrix/data/results/sm_90-fa2-2.8.3.post2-h200-20261130.jsonl)
+against 200 of its bf16 cells probed again later the same day on the same kind of machine
+(benchmarks/results/sm_90-fa2-2.8.3.post2-h200-20261130-rerun.jsonl); writes benchmarks/results/rerun_variance.json.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from attnmatrix.matrix.records import Record
 from attnmatrix.matrix.storage import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT = (ROOT / "matrix/data/results/sm_90-fa2-h200x2-20261130.jsonl",
-           ROOT / "benchmarks/results/fa2-rerun-h200x2-20261130.jsonl")
+DEFAULT = (ROOT / "matrix/data/results/sm_90-fa2-2.8.3.post2-h200-20261130.jsonl",
+           ROOT / "benchmarks/results/sm_90-fa2-2.8.3.post2-h200-20261130-rerun.jsonl")
 
 
 def _records(*paths: Path) -> dict[str, Record]:

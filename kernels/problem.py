@@ -137,10 +137,9 @@ def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu"
     """Fresh random inputs for a case (never zeros: zeros hide wrong kernels and flatter timings).
 
     By default the values are drawn on the CPU, so a validation problem is the same on every device.
-    `draw_on_device` draws them on `device` instead, for timing shapes: on the H200, drawing a decode
-    timing shape's K and V on the CPU (over 4 G values at head dim 256) took one worker 40 to 130 s per
-    case, for timed loops of under a second; FA2's timing phases summed to 4,165 s, of which 0.2 s was
-    waiting for the GPU lock (session 4).
+    `draw_on_device` draws them on `device` instead, for timing shapes: a decode timing shape's K and V
+    hold over 4 G values at head dim 256, which takes one CPU worker 40 to 130 s per case, for timed
+    loops of under a second.
     """
     gen_device = torch.device(device) if draw_on_device else torch.device("cpu")
     g = torch.Generator(device=gen_device).manual_seed(seed)

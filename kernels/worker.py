@@ -94,8 +94,8 @@ def _released(record):
     synchronising call. It belongs to the case that just ran, not to the next one, so its record
     becomes a `crash` that says so (on the H200, FA4 at head dims 160/224 with paged KV did this).
     What the record said before stays in its reason, the CUDA error's first line before it (the rest
-    is CUDA's generic advice): FlashInfer's prefill at head dims 80/96/160 refused in its own words
-    and left such a fault behind (session 5).
+    is CUDA's generic advice): FlashInfer 0.7.4's prefill at head dims 80/96/160 refuses in its own words
+    and leaves such a fault behind.
     """
     import torch
 

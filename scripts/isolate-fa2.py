@@ -2,7 +2,7 @@
 
 Runs ON the GPU machine, after build-fa2.sh installed FA2 into the system Python. FA2's regular
 package `flash_attn` hides FA4's namespace package `flash_attn.cute` from every process that can see
-both (session 3), so FA2 lives in its own folder, which only FA2's sweep and tests put on their
+both, so FA2 lives in its own folder, which only FA2's sweep and tests put on their
 PYTHONPATH. Works from the installed files (the package, its extension module, its dist-info), not
 from pip's wheel cache, which pip does not fill for a build from a local directory.
 """

@@ -1,19 +1,12 @@
 """Every CUDA backend, through the real probe path, on a GPU: a case it must pass, and refusals in its own words.
 
 Skipped without a GPU (conftest) and, per backend, where its library is not installed. On a GPU
-machine: `python -m pytest -m gpu -v`; commit its output with that session's results.
+machine: `python -m pytest -m gpu -v`.
 
-Last run: H200 x2, 2026-11-30 (session 5), in two passes, because FA2's regular `flash_attn` package
-hides FA4's namespace package `flash_attn.cute` in any process that has both on its path (session 3):
-- `tests/gpu-results/pytest-gpu-h200x2-20261130-session5.txt`: every GPU test with FA4 visible and FA2
-  off the path: 17 passed, 8 skipped (FA2's five, FlashInfer's and XQA's, not installed in that call,
-  and `test_ray_executor.py`, skipped whole: Ray is not installed there).
-  `test_timing_inputs_are_drawn_on_the_gpu` passed.
-- `tests/gpu-results/pytest-gpu-fa2-h200x2-20261130-session5.txt`: `-k fa2` with FA2 on the path (FA2
-  restored by `h200-session.sh fa2-stage` from the parts `fa2-save` returned): 5 passed.
-- `tests/gpu-results/pytest-gpu-flashinfer-h200x2-20261130-session5.txt`: `-k "flashinfer or trtllm"` on a
-  later machine with FlashInfer installed: 2 passed.
-Session 3's run (`pytest-gpu-h200x2-20261130.txt`, 14 passed, 1 skipped) had FA4 hidden by FA2.
+FA2's regular package `flash_attn` hides FA4's namespace package `flash_attn.cute` in any process that
+has both on its path, so with both installed run the suite twice: once with FA2 off the path (FA4's
+tests run, FA2's skip), once with FA2 on it and `-k fa2` (scripts/isolate-fa2.py moves an installed FA2
+into a folder of its own; site/gpu-probing.md shows the commands).
 """
 
 from __future__ import annotations

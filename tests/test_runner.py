@@ -250,7 +250,7 @@ def test_a_fault_reported_after_the_case_is_that_cases_crash(monkeypatch) -> Non
     assert rec.outcome == "crash" and rec.extra["device_fault"] is True and rec.extra["outcome_before_fault"] == "pass"
     assert rec.reason == ("kernel fault reported after the case: RuntimeError: CUDA error: an illegal memory access "
                           "was encountered; its record said 'pass'")
-    # a refusal that left a fault behind keeps the kernel's own words (FlashInfer, head dim 80, session 5)
+    # a refusal that left a fault behind keeps the kernel's own words (FlashInfer's prefill does this at head dim 80)
     refusal = "FlashInfer Internal Error: Invalid configuration : NUM_MMA_Q=2 NUM_MMA_D_QK=5"
     rec = worker._run_with_memory_retry(probe("rejected", refusal), case, None, {}, None, "cuda")
     assert rec.outcome == "crash" and rec.reason.endswith(f"its record said 'rejected': {refusal}")
@@ -303,8 +303,8 @@ def test_a_long_refusal_keeps_its_end() -> None:
 
 def test_waiting_for_the_gpu_lock_does_not_count_against_the_case(tmp_path: Path, monkeypatch) -> None:
     """Workers sharing a GPU take turns for timed loops. A case that waits for the lock longer than its
-    whole time limit is not a timeout: on the H200, 25 cases of session 3 were killed while they waited
-    for other sweeps' timings. The wait is recorded in `extra.seconds.gpu_lock_wait`."""
+    whole time limit is not a timeout: its kernel did not run long, other sweeps' timed loops held
+    the GPU. The wait is recorded in `extra.seconds.gpu_lock_wait`."""
     import fcntl
     import threading
 

@@ -230,9 +230,9 @@ def test_kernel_compiled_without_a_gpu_is_reused_by_a_gpu_process(tmp_path):
 
     The control is the same GPU process on an empty cache, which must compile. A first call is not
     compared with the cross-compile's own `compile_s`: it also pays for CUDA's context, the DSL's setup
-    and the kernel's tracing. On the H200 (session 5) it took 6.0 to 6.5 s with the cache and 8.5 to
-    8.7 s without, against a 2.8 s cross-compile (`benchmarks/fa4_first_call.py`; its output is in
-    benchmarks/results/h200x2-20261130-session5/fa4-first-call.txt)."""
+    and the kernel's tracing. On an H200 it takes 6.0 to 6.5 s with the cache and 8.5 to 8.7 s
+    without, against a 2.8 s cross-compile (`benchmarks/fa4_first_call.py`; its output is in
+    benchmarks/results/sm_90-fa4-first-call-h200-20261130.txt)."""
     import json
     import subprocess
 
