@@ -15,15 +15,14 @@
 #   trtllm_ragged: 0.7.4
 # Evidence files:
 #   matrix/data/declared.json
-#   matrix/data/results/cpu-sdpa-torch2.13.0-epyc-20261130.jsonl
+#   matrix/data/results/cpu-sdpa-torch2.13.0-cpu-amd-epyc-20261130.jsonl
+#   matrix/data/results/sm_80+sm_90+sm_100+sm_103+sm_110+sm_120-fa4-4.0.0b36-compiled-20261130.jsonl
 #   matrix/data/results/sm_90-fa2-2.8.3.post2-h200-20261130.jsonl
-#   matrix/data/results/sm_90-fa3-not-installed-h200-20261130.jsonl
+#   matrix/data/results/sm_90-fa3-unavailable-h200-20261130.jsonl
 #   matrix/data/results/sm_90-fa4-4.0.0b36-h200-20261130.jsonl
 #   matrix/data/results/sm_90-flashinfer-0.7.4-h200-20261130.jsonl
-#   matrix/data/results/sm_90-sdpa-torch2.11.0-cu130-h200-20261130.jsonl
-#   matrix/data/results/sm_90-trtllm-gen-flashinfer-0.7.4-h200-20261130.jsonl
-#   matrix/data/results/sm_90-xqa-flashinfer-0.7.4-h200-20261130.jsonl
-#   matrix/data/results/xcompile-sm_80-to-sm_120-fa4-4.0.0b36-cutlass-dsl-4.8.1-20261130.jsonl
+#   matrix/data/results/sm_90-sdpa-torch2.11.0-h200-20261130.jsonl
+#   matrix/data/results/sm_90-trtllm-flashinfer0.7.4-h200-20261130.jsonl
 # ruff: noqa: E501
 """Attention backend selector, generated from the attnmatrix compatibility matrix.
 
