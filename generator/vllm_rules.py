@@ -5,26 +5,29 @@ conditions, re-expressed (not copied) as small tables, so the generator can put 
 attnmatrix's evidence-ranked one, cell by cell. Nothing here reads the matrix; nothing in the matrix or
 the selector reads this module. The rules are pure Python, no imports beyond the standard library.
 
-Sources read (see `VLLM_SOURCES`; `matrix/data/DECLARED_SOURCES.md` § "vLLM rules" has the history):
+Sources read (`VLLM_SOURCES`, each as repository@commit path:line, a PR number, or a PyPI release and the
+path inside it; `matrix/data/DECLARED_SOURCES.md` § "vLLM rules" has more):
 
-- `get_flash_attn_version` in `vllm/v1/attention/backends/fa_utils.py`, in its state after vLLM PR #42669
-  ("Integrate FlashAttention 4 SM100 headdim 256 support", signature `requires_alibi, head_size,
-  head_size_v, has_sinks, requires_local_attention`). The stored copy read is search-index file id
-  62734764114: vLLM's file, but the index does not name its commit. The earlier states at
-  vllm-project/vllm@00bd1493b3e82d6c13c68ee8a0e1c5a96707e190 and @7283494f0d92c85072c48d8c3895beb8110b488e
-  were read too; the rules below are the later state.
-- `is_fa_version_supported` in `vllm_flash_attn/flash_attn_interface.py` (stored copy, search-index id
-  715543828): FA2 needs capability major >= 8, FA3 major 9, FA4 major 9, 10 or 11.
-- `_get_mla_prefill_backend_priorities` in `vllm/v1/attention/backends/mla/prefill/selector.py`, current
-  shape with the GLM-5 dims case (PR #42669): a verbatim third-party copy labelled L43-L82, search-index
-  id 65940059341; the stored history at vllm-project/vllm@97c9aa737d404d916ca6c68cd5fab1db04fb173d and
-  @04331387fd1f734cf116cdb059714dcdf8f01d18.
+- `get_flash_attn_version` in `vllm/v1/attention/backends/fa_utils.py` as vLLM PR #42669 ("Integrate
+  FlashAttention 4 SM100 headdim 256 support", merge commit bf2b45b5d6a991f47702d4d87c81bb0ef8619a65) left
+  it: signature `requires_alibi, head_size, head_size_v, has_sinks, requires_local_attention`. The
+  release before it, v0.26.0 (vllm-project/vllm@ffd46bfab2128bb84146050e98b51a617c6575ab, fa_utils.py:132),
+  has the same steps without `requires_local_attention` and without FA4 head size 256 on Blackwell; the
+  earlier states at @00bd1493b3e82d6c13c68ee8a0e1c5a96707e190 and @7283494f0d92c85072c48d8c3895beb8110b488e
+  were read too. The rules below are PR #42669's state.
+- `is_fa_version_supported` in `vllm/vllm_flash_attn/flash_attn_interface.py:89` of the vllm 0.26.0 wheel
+  (a file vLLM's build copies from its flash-attention fork): FA2 needs capability major >= 8, FA3 major 9,
+  FA4 major 9, 10 or 11 (`_is_fa4_supported`, line 72).
+- `_get_mla_prefill_backend_priorities` in `vllm/v1/attention/backends/mla/prefill/selector.py`: v0.26.0's
+  lists at line 48 (FLASH_ATTN first everywhere; on capability 10 then TRTLLM_RAGGED, FLASHINFER,
+  TOKENSPEED_MLA), plus PR #42669's GLM-5 dims case (TRTLLM_RAGGED first); the history at
+  vllm-project/vllm@97c9aa737d404d916ca6c68cd5fab1db04fb173d and @04331387fd1f734cf116cdb059714dcdf8f01d18.
 - The per-backend checks of `validate_configuration` (`mla/prefill/base.py` at
   vllm-project/vllm@b80db7e198929d63893227274b0dee51a587b7d5; `trtllm_ragged.py`, `flashinfer.py`,
   `cudnn.py`, `flash_attn.py` at vllm-project/vllm@9402beec2ecf4d5efd71ab0e191a2e57e94a72a8), with GLM-5
   dims added to TRTLLM_RAGGED by PR #43525; the FLASH_ATTN MLA prefill caller passing
-  `head_size=qk_nope+qk_rope, head_size_v=v` and padding V only for FA2 (stored copy, search-index id
-  54543698982).
+  `head_size=qk_nope+qk_rope, head_size_v=v` (v0.26.0 `mla/prefill/flash_attn.py:105`) and padding V only
+  for FA2 (line 119).
 
 What is modelled: vLLM's *default* decision on CUDA with the standard wheel, every FlashAttention build
 and every MLA prefill backend importable (the `is_available()` checks pass). Not modelled, on purpose:
@@ -53,28 +56,32 @@ from dataclasses import dataclass, field
 class Source:
     what: str
     repo: str
-    path: str
-    ref: str  # a full commit, or "search-index id N" where the stored copy names no commit
+    path: str  # path in the repository (or the release), with :line where the line was read
+    ref: str  # a full commit, or "pypi:<name>==<version>" for a file that exists only in a released wheel
     note: str = ""
 
 
+V0_26_0 = "ffd46bfab2128bb84146050e98b51a617c6575ab"  # vllm-project/vllm v0.26.0, as its wheel's _version.py says
+PR_42669 = "bf2b45b5d6a991f47702d4d87c81bb0ef8619a65"  # merge commit of vllm-project/vllm PR #42669
+
 VLLM_SOURCES: tuple[Source, ...] = (
-    Source("get_flash_attn_version (state after PR #42669)", "vllm-project/vllm",
-           "vllm/v1/attention/backends/fa_utils.py", "search-index id 62734764114",
-           "vLLM's file; the index names no commit. Merge commit of PR #42669 given by a third-party "
-           "changelog as bf2b45b5d6 (2026-07-27)."),
+    Source("get_flash_attn_version as PR #42669 left it (requires_local_attention; FA4 head size 256 on "
+           "Blackwell)", "vllm-project/vllm", "vllm/v1/attention/backends/fa_utils.py", PR_42669,
+           "Merge commit of PR #42669 (2026-07-27); the rules model this state"),
+    Source("get_flash_attn_version in v0.26.0 (before PR #42669)", "vllm-project/vllm",
+           "vllm/v1/attention/backends/fa_utils.py:132", V0_26_0),
     Source("get_flash_attn_version (earlier state: head_size > 128 -> FA2, default FA4 on major 10)",
-           "vllm-project/vllm", "vllm/v1/attention/backends/fa_utils.py",
-           "00bd1493b3e82d6c13c68ee8a0e1c5a96707e190"),
+           "vllm-project/vllm", "vllm/v1/attention/backends/fa_utils.py", "00bd1493b3e82d6c13c68ee8a0e1c5a96707e190"),
     Source("get_flash_attn_version (earlier state: FA4 for major >= 10, 192 exempt)", "vllm-project/vllm",
            "vllm/v1/attention/backends/fa_utils.py", "7283494f0d92c85072c48d8c3895beb8110b488e"),
-    Source("is_fa_version_supported: FA2 major >= 8, FA3 major 9, FA4 majors 9/10/11",
-           "not named by the index (vLLM's vendored vllm_flash_attn package)",
-           "vllm_flash_attn/flash_attn_interface.py", "search-index id 715543828",
-           "Stored copy; the index names neither repository nor commit"),
-    Source("_get_mla_prefill_backend_priorities (current shape, GLM-5 dims case)", "vllm-project/vllm",
-           "vllm/v1/attention/backends/mla/prefill/selector.py", "search-index id 65940059341",
-           "A verbatim third-party copy labelled selector.py L43-L82"),
+    Source("is_fa_version_supported: FA2 major >= 8, FA3 major 9, FA4 majors 9/10/11 (_is_fa4_supported, line 72)",
+           "vllm-project/vllm (wheel; the file comes from vLLM's flash-attention fork at build time)",
+           "vllm/vllm_flash_attn/flash_attn_interface.py:89", "pypi:vllm==0.26.0"),
+    Source("_get_mla_prefill_backend_priorities in v0.26.0: FLASH_ATTN first; on capability 10 then "
+           "TRTLLM_RAGGED, FLASHINFER, TOKENSPEED_MLA", "vllm-project/vllm",
+           "vllm/v1/attention/backends/mla/prefill/selector.py:48", V0_26_0),
+    Source("_get_mla_prefill_backend_priorities: the GLM-5 dims case (TRTLLM_RAGGED first)", "vllm-project/vllm",
+           "vllm/v1/attention/backends/mla/prefill/selector.py", PR_42669, "Merge commit of PR #42669"),
     Source("_get_mla_prefill_backend_priorities (history: TRTLLM_RAGGED, FLASHINFER, CUDNN, FLASH_ATTN)",
            "vllm-project/vllm", "vllm/v1/attention/backends/mla/prefill/selector.py",
            "97c9aa737d404d916ca6c68cd5fab1db04fb173d"),
@@ -87,9 +94,8 @@ VLLM_SOURCES: tuple[Source, ...] = (
     Source("TRTLLM_RAGGED / FLASHINFER / CUDNN MLA prefill: capability major == 10, DeepSeek-R1 dims",
            "vllm-project/vllm", "vllm/v1/attention/backends/mla/prefill/{trtllm_ragged,flashinfer,cudnn}.py",
            "9402beec2ecf4d5efd71ab0e191a2e57e94a72a8", "GLM-5 dims added to TRTLLM_RAGGED later by PR #43525"),
-    Source("FLASH_ATTN MLA prefill: get_flash_attn_version(head_size=qk, head_size_v=v); V padded only for FA2",
-           "vllm-project/vllm", "vllm/v1/attention/backends/mla/prefill/flash_attn.py",
-           "search-index id 54543698982", "Stored copy; the index names no commit"),
+    Source("FLASH_ATTN MLA prefill: get_flash_attn_version(head_size=qk, head_size_v=v); V padded only for FA2 "
+           "(line 119)", "vllm-project/vllm", "vllm/v1/attention/backends/mla/prefill/flash_attn.py:105", V0_26_0),
 )
 
 

@@ -18,8 +18,10 @@ from attnmatrix.matrix.policy import SUPPORTED, UNSUPPORTED, resolve
 from attnmatrix.matrix.records import parse_record
 
 # --- vLLM's rules, hand-checked against the source -------------------------------------------------
-# fa_utils.get_flash_attn_version after vLLM PR #42669 (stored copy, search-index id 62734764114), with
-# is_fa_version_supported from vllm_flash_attn (id 715543828): FA2 major >= 8, FA3 major 9, FA4 9..11.
+# fa_utils.get_flash_attn_version as vLLM PR #42669 left it
+# (vllm-project/vllm@bf2b45b5d6a991f47702d4d87c81bb0ef8619a65), with is_fa_version_supported from the
+# vllm 0.26.0 wheel (vllm_flash_attn/flash_attn_interface.py:89):
+# FA2 major >= 8, FA3 major 9, FA4 9..11.
 FA_CASES = [
     ((9, 0), dict(head_size=128), 3),  # "Hopper (SM90): prefer FA3"
     ((9, 0), dict(requires_alibi=True, head_size=128), 2),  # "Cannot use FA version 3 with ALiBi"
@@ -97,9 +99,14 @@ def test_vllm_choice_for_matrix_cells():
     assert V.vllm_choice("sm_75", "prefill", 128, 128, ("causal",)).backend is None
 
 
-def test_every_source_names_a_commit_or_a_stored_copy():
+def test_every_source_names_a_commit_or_a_released_wheel():
+    """Anyone can check a citation: a full commit of the named repository, or a pinned PyPI release."""
+    import re
+
     for s in V.VLLM_SOURCES:
-        assert len(s.ref) == 40 and int(s.ref, 16) >= 0 or s.ref.startswith("search-index id "), s
+        commit = re.fullmatch(r"[0-9a-f]{40}", s.ref)
+        assert commit or re.fullmatch(r"pypi:[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.+-]*", s.ref), s
+        assert re.fullmatch(r"[\w./{},-]+(:\d+)?", s.path), s
 
 
 # --- the comparison over a hand-built matrix ------------------------------------------------------------
