@@ -265,8 +265,8 @@ def compile_only(p: Problem) -> dict:
 class FA4Backend(Backend):
     """FA4 ships `flash_attn/cute` with no `flash_attn/__init__.py`: a namespace portion. FA2
     (`flash-attn`) ships `flash_attn` as a regular package, and a regular package wins over namespace
-    portions wherever it is on the path: with both installed, `flash_attn.cute` cannot be found
-    (seen on the H200, where `pytest -m gpu` skipped FA4 once FA2 was built). Say so, not just
+    portions wherever it is on the path: with both installed, `flash_attn.cute` cannot be found (and FA4's GPU
+    tests skip). Say so, not just
     'No module named flash_attn.cute'."""
 
     def availability(self) -> str | None:

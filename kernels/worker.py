@@ -92,7 +92,7 @@ def _released(record):
 
     A kernel fault can surface here, after the case returned: CUDA reports errors at the next
     synchronising call. It belongs to the case that just ran, not to the next one, so its record
-    becomes a `crash` that says so (on the H200, FA4 at head dims 160/224 with paged KV did this).
+    becomes a `crash` that says so (FA4 4.0.0b36 at head dims 160/224 with paged KV does this on an H200).
     What the record said before stays in its reason, the CUDA error's first line before it (the rest
     is CUDA's generic advice): FlashInfer 0.7.4's prefill at head dims 80/96/160 refuses in its own words
     and leaves such a fault behind.
