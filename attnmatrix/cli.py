@@ -26,16 +26,7 @@ from attnmatrix.matrix.cases import (
     parse_head_dims,
 )
 from attnmatrix.matrix.evidence import Evidence, load_evidence
-from attnmatrix.matrix.policy import (
-    SUPPORTED,
-    ResolvedMatrix,
-    answer,
-    arch_sort_key,
-    describe,
-    features_of,
-    order_backends,
-    resolve,
-)
+from attnmatrix.matrix.policy import SUPPORTED, ResolvedMatrix, arch_sort_key, describe, resolve
 from attnmatrix.matrix.storage import InputError, Problem, ResultStore, atomic_write_text, write_records
 
 from . import project
@@ -732,23 +723,29 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, causal, sliding
         arch = normalize_arch(arch or capability)
     except CaseError as e:
         raise UsageError(str(e)) from None
-    hdv = head_size_v or head_size
-    feats = features_of(causal=causal, sliding_window=sliding_window, softcap=softcap, alibi=alibi, sinks=sinks,
-                        gqa=gqa, varlen=varlen, page_size=page_size, fp8=fp8)
+    from attnmatrix.generator import tables as T
+
+    try:
+        q = T.make_query(arch, head_size, head_size_v, op=op, dtype=dtype, causal=causal,
+                         sliding_window=sliding_window, softcap=softcap, alibi=alibi, sinks=sinks, gqa=gqa,
+                         varlen=varlen, page_size=page_size, fp8=fp8)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    hdv, feats = q.head_dim_v, q.features
     ev, problems = _load(tuple(str(e) for e in extra))
     if problems:
         _report(problems)
     m = resolve(ev)
-    backends = sorted({c.case.backend for c in m.cells.values() if c.case.arch == arch})
-    answers = [answer(m, arch, b, op, dtype, head_size, hdv, feats) for b in backends]
-    ordered = order_backends(m, answers, arch, op, dtype, head_size, hdv)
-    ranking = next((r for r in m.rankings if r.applies(arch, op, dtype, head_size, hdv)), None)
+    ordered, answers = T.query(m, q)
+    backends = [a.backend for a in answers]
+    ranking = T.applicable_ranking(m, q)
     query = {"arch": arch, "op": op, "dtype": dtype, "head_size": head_size, "head_size_v": hdv,
              "features": list(feats)}
     result = {"query": query, "order": [a.backend for a in ordered], "backends": {}}
     for a in answers:
         result["backends"][a.backend] = {
-            "status": a.status, "tier": a.tier, "latency_ms": a.latency_ms, "reasons": a.reasons,
+            "status": a.status, "tier": a.tier, "latency_ms": a.latency_ms, "reasons": a.reasons, "basis": a.basis,
+            "ranked_on_fewer_shapes": a.marked,
             "cells": [{"cell": c.case.key, "status": c.status, "tier": c.tier, "sources": c.sources,
                        "conflicts": c.conflicts, "evidence": [describe(r) for r in c.evidence]} for c in a.cells],
         }
@@ -768,10 +765,14 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, causal, sliding
     for a in sorted(answers, key=lambda a: (a.status != SUPPORTED, a.backend)):
         lat = f", {a.latency_ms:.4g} ms" if a.latency_ms else ""
         click.echo(f"\n{a.backend}: {a.status} [{a.tier or 'no evidence'}{lat}]")
+        if a.basis:
+            click.echo(f"  order: {a.basis}")
         for reason in a.reasons:
             click.echo(f"  - {reason}")
         for c in a.cells:
             click.echo(f"  cell {c.case.key}: {c.status} ({c.tier})")
+            if c.reason and c.status != SUPPORTED:
+                click.echo(f"    reason: {c.reason}")
             for s in c.sources:
                 click.echo(f"    source: {s}")
             for cf in c.conflicts:

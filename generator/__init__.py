@@ -1,6 +1,7 @@
 """The generator: a resolved matrix -> plain tables -> Jinja2 templates -> the selector module and docs pages.
 
-No probing, no policy of its own (every answer comes from `attnmatrix.matrix.policy`), no kernel imports.
+No probing, no policy of its own (support comes from `attnmatrix.matrix.policy`'s resolution, every query answer from
+the query engine `attnmatrix.selector_engine`), no kernel imports.
 """
 
 from .render import (

@@ -25,6 +25,7 @@ import jinja2
 from attnmatrix.matrix import policy
 from attnmatrix.matrix.policy import ResolvedMatrix
 
+from . import capabilities as C
 from . import plots as P
 from . import tables as T
 from . import vllm_comparison as VC
@@ -194,12 +195,15 @@ def _header(m: ResolvedMatrix, meta: dict) -> dict:
             "files": sorted(str(f) for f in meta.get("files") or [])}
 
 
+SELECTOR_BLOCK_KEYS = ("backends", "default_rank", "declared_rankings", "cells", "measured")
+
+
 def render_selector(m: ResolvedMatrix, meta: dict) -> str:
-    h = _header(m, meta)
-    st = T.selector_tables(m)
+    """The selector module: the engine's data for `m` (GPU archs), written out one rule or class a line."""
+    data = C.engine_data(m)
     return PY_ENV.get_template("selector.py.j2").render(
-        h=h, t=st, kernel_versions_dict={b: tuple(v) for b, v in h["kernel_versions"]},
-        archs=tuple(st.archs),
+        h=_header(m, meta), t=data, scalar_keys=[k for k in data if k not in SELECTOR_BLOCK_KEYS],
+        labels={b: str(m.backends.get(b, {}).get("label", b)) for b in {b for _, b in data["cells"]}},
     )
 
 

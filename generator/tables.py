@@ -1,46 +1,31 @@
-"""Plain tables built from a ResolvedMatrix: everything the templates render, and nothing else.
+"""Plain tables built from a ResolvedMatrix: everything the docs templates render, and nothing else.
 
 Data flows one way: ResolvedMatrix -> these small dataclasses/dicts -> Jinja2 templates -> file
-texts. Nothing here probes, imports kernels or decides support: every answer comes from
-`attnmatrix.matrix.policy` (`answer`, `order_backends`, `component_cells`, `features_of`). The
-query helpers below (`query`, `explain_query`, `flash_attn_version`, `mla_prefill_priorities`) are
-the reference the generated selector must agree with: the docs pages are computed from them, and the
-tests compare the selector against them.
+texts. Nothing here probes, imports kernels or decides support or order: every answer comes from the
+query engine (`attnmatrix.selector_engine`) over the matrix's capability data (`generator.capabilities`),
+the same engine and data the generated selector ships. `query`, `explain_query`, `flash_attn_version`,
+`mla_prefill_priorities` and `make_query` are the seam the pages call.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from attnmatrix.matrix.cases import DTYPES, FEATURES, MLA_HEAD_DIMS, OPS, feature_name
+from attnmatrix.matrix.cases import DTYPES, MLA_HEAD_DIMS, OPS, feature_name
 from attnmatrix.matrix.cases import page_size as case_page_size
 from attnmatrix.matrix.evidence import default_rank
-from attnmatrix.matrix.policy import (
-    SUPPORTED,
-    UNKNOWN,
-    UNSUPPORTED,
-    Answer,
-    ResolvedCell,
-    ResolvedMatrix,
-    answer,
-    arch_sort_key,
-    features_of,
-    order_backends,
-)
+from attnmatrix.matrix.policy import SUPPORTED, UNKNOWN, UNSUPPORTED, ResolvedCell, ResolvedMatrix, arch_sort_key
+
+from attnmatrix.selector_engine import Engine, features_of
+
+from .capabilities import FA_COMMON_HEAD_SIZES, engine_for, is_test_only, selector_archs
 
 TIERS = ("validated", "compiled", "declared")
 TIER_MARK = {"validated": "✅", "compiled": "🔧", "declared": "📄"}
 UNSUPPORTED_MARK = "❌"
 UNKNOWN_MARK = "❔"
-# Head sizes get_flash_attn_version decides over when the caller gives none (documented in the
-# generated docstring): the common ones, the last one orders the candidates.
-FA_COMMON_HEAD_SIZES: tuple[tuple[int, int], ...] = ((64, 64), (128, 128))
-FA_BACKEND_FIELD = "fa_version"
-MLA_NAME_FIELD = "mla_prefill"
 # Labels for well-known MLA dims on the docs pages; presentation only.
 MLA_MODELS = {(192, 128): "DeepSeek-V3/R1: qk_nope 128 + qk_rope 64, v 128",
               (256, 256): "GLM-5: qk_nope 192 + qk_rope 64, v 256"}
@@ -48,48 +33,14 @@ MLA_MODELS = {(192, 128): "DeepSeek-V3/R1: qk_nope 128 + qk_rope 64, v 128",
 
 # --- the shared vocabulary ----------------------------------------------------------------------
 
-def is_test_only(m: ResolvedMatrix, backend: str) -> bool:
-    return bool(m.backends.get(backend, {}).get("test_only"))
-
-
-@dataclass
-class _View:
-    cells: list[ResolvedCell]
-    backends: dict[str, list[str]]
-
-
-_LAST_VIEW: list = []  # [(matrix, cells dict, cell count), view]: the queries below reuse one matrix many times
-
-
-def _view(m: ResolvedMatrix) -> _View:
-    ident = (m, m.cells, len(m.cells))
-    if _LAST_VIEW and all(x is y for x, y in zip(_LAST_VIEW[0][:2], ident[:2], strict=True)) \
-            and _LAST_VIEW[0][2] == ident[2]:
-        return _LAST_VIEW[1]
-    cells = sorted((c for c in m.cells.values() if not is_test_only(m, c.case.backend)), key=lambda c: c.case)
-    per: dict[str, set[str]] = defaultdict(set)
-    for c in cells:
-        per[c.case.arch].add(c.case.backend)
-    view = _View(cells, {a: sorted(bs) for a, bs in per.items()})
-    _LAST_VIEW[:] = [ident, view]
-    return view
-
-
 def public_cells(m: ResolvedMatrix) -> list[ResolvedCell]:
     """Every cell except those of test-only backends, in case order."""
-    return list(_view(m).cells)
-
-
-def selector_archs(m: ResolvedMatrix) -> list[str]:
-    """Archs the selector knows: every GPU arch with evidence (never `cpu`)."""
-    return sorted((a for a in _view(m).backends if a != "cpu"), key=arch_sort_key)
+    return sorted((c for c in m.cells.values() if not is_test_only(m, c.case.backend)), key=lambda c: c.case)
 
 
 def backends_for_arch(m: ResolvedMatrix, arch: str) -> list[str]:
     """The backends a query on `arch` considers: every non-test backend with any cell there."""
-    if arch == "cpu":
-        return []
-    return list(_view(m).backends.get(arch, []))
+    return list(engine_for(m).data["backends"].get(arch, ()))
 
 
 def feature_string(features: Iterable[str]) -> str:
@@ -110,7 +61,7 @@ def strongest(tiers: Iterable[str | None]) -> str | None:
     return min(ts, key=TIERS.index) if ts else None
 
 
-# --- queries (the reference the selector is generated to match) -------------------------------
+# --- queries: every answer comes from the query engine (attnmatrix.selector_engine) ----------------
 
 @dataclass(frozen=True)
 class Query:
@@ -122,6 +73,20 @@ class Query:
     features: tuple[str, ...]
 
 
+@dataclass
+class Answer:
+    """The engine's answer for one backend, with its component cells as the matrix's ResolvedCells."""
+
+    backend: str
+    status: str
+    tier: str | None
+    reasons: list[str]
+    cells: list[ResolvedCell]
+    latency_ms: float | None
+    basis: str  # why it sits where it does (supported answers), else ""
+    marked: bool = False  # ranked on fewer timing shapes than another backend completed
+
+
 def make_query(arch: str, head_size: int, head_size_v: int | None = None, *, op: str = "prefill",
                dtype: str = "bfloat16", causal: bool = True, sliding_window: bool = False, softcap: bool = False,
                alibi: bool = False, sinks: bool = False, gqa: bool = False, varlen: bool = False,
@@ -131,16 +96,29 @@ def make_query(arch: str, head_size: int, head_size_v: int | None = None, *, op:
     return Query(arch, op, dtype, head_size, head_size if head_size_v is None else head_size_v, feats)
 
 
+def _wrap(m: ResolvedMatrix, eng: Engine, q: Query, a, ranking) -> Answer:
+    cells = [m.cells[(q.arch, a.backend, q.op, q.dtype, q.head_dim, q.head_dim_v, f)] for f, _ in a.cells]
+    basis = eng.basis(q.arch, a, ranking) if a.status == SUPPORTED else ""
+    return Answer(a.backend, a.status, a.tier, list(a.reasons), cells, a.latency_ms, basis, a.marked)
+
+
 def query(m: ResolvedMatrix, q: Query) -> tuple[list[Answer], list[Answer]]:
-    """(supported answers in policy order, every answer) for one query, via policy.answer/order_backends."""
-    answers = [answer(m, q.arch, b, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features)
-               for b in backends_for_arch(m, q.arch)]
-    ordered = order_backends(m, answers, q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v)
-    return ordered, answers
+    """(supported answers in the engine's order, every answer) for one query."""
+    eng = engine_for(m)
+    ordered, answers, ranking = eng.query(q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features)
+    wrapped = {a.backend: _wrap(m, eng, q, a, ranking) for a in answers}
+    return [wrapped[a.backend] for a in ordered], list(wrapped.values())
+
+
+def answer(m: ResolvedMatrix, q: Query, backend: str) -> Answer:
+    """One backend's answer for a query, whether or not the backend has evidence on that arch."""
+    eng = engine_for(m)
+    a = eng.answer(q.arch, backend, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features)
+    return _wrap(m, eng, q, a, eng.declared_ranking(q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v))
 
 
 def applicable_ranking(m: ResolvedMatrix, q: Query):
-    """The declared ranking order_backends consults for this query (the first that applies), if any."""
+    """The declared ranking the engine consults for this query (the first that applies), if any."""
     return next((r for r in m.rankings if r.applies(q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v)), None)
 
 
@@ -149,167 +127,35 @@ def fmt_ms(x: float) -> str:
 
 
 def order_basis(m: ResolvedMatrix, q: Query, a: Answer) -> str:
-    """Why a supported answer sits where it does: mirrors the key of policy.order_backends."""
-    if a.latency_ms is not None:
-        return f"latency {fmt_ms(a.latency_ms)}, by measured latency"
-    r = applicable_ranking(m, q)
-    if r is not None and a.backend in r.order:
-        return f"unmeasured, by declared ranking {r.id} ({'; '.join(r.sources)})"
-    return f"unmeasured, by default rank {default_rank(m.backends, a.backend, q.arch)}"
-
-
-def _evidence(cells: Sequence[ResolvedCell]) -> str:
-    return " | ".join(f"{feature_string(c.case.features) or 'no features'}: {'; '.join(c.sources) or 'no sources'}"
-                      for c in cells)
-
-
-def explain_answer(m: ResolvedMatrix, q: Query, a: Answer, position: int | None, n_supported: int) -> str:
-    """The text `explain` gives for one backend (the selector produces exactly the same string)."""
-    if a.status == SUPPORTED:
-        return (f"supported (#{position} of {n_supported}, {a.tier}, {order_basis(m, q, a)}); "
-                f"evidence: {_evidence(a.cells)}")
-    if a.status == UNSUPPORTED:
-        bad = [c for c in a.cells if c.status == UNSUPPORTED]  # answer() lists a reason per bad cell, in order
-        items = [f"{r} [evidence: {'; '.join(c.sources) or 'no sources'}]" for r, c in zip(a.reasons, bad, strict=True)]
-        return "unsupported: " + "; ".join(items)
-    return "unknown: " + "; ".join(a.reasons)
+    """Why a supported answer sits where it does (the engine's words)."""
+    return a.basis
 
 
 def explain_query(m: ResolvedMatrix, q: Query) -> dict[str, str]:
     """backend -> why it is in or out; supported backends first in selection order, then the rest by name."""
-    ordered, answers = query(m, q)
-    out = {a.backend: explain_answer(m, q, a, i + 1, len(ordered)) for i, a in enumerate(ordered)}
-    for a in sorted(answers, key=lambda a: a.backend):
-        if a.backend not in out:
-            out[a.backend] = explain_answer(m, q, a, None, len(ordered))
-    return out
+    return engine_for(m).explain_query(q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features)
 
 
 def fa_versions(m: ResolvedMatrix) -> dict[str, int]:
-    return {b: int(d[FA_BACKEND_FIELD]) for b, d in sorted(m.backends.items())
-            if d.get(FA_BACKEND_FIELD) is not None and not d.get("test_only")}
+    return dict(engine_for(m).data["fa_version"])
 
 
 def mla_names(m: ResolvedMatrix) -> dict[str, str]:
-    return {b: str(d[MLA_NAME_FIELD]) for b, d in sorted(m.backends.items())
-            if d.get(MLA_NAME_FIELD) and not d.get("test_only")}
+    return dict(engine_for(m).data["mla_name"])
 
 
 def flash_attn_version(m: ResolvedMatrix, arch: str, requires_alibi: bool = False, head_size: int | None = None,
                        head_size_v: int | None = None, has_sinks: bool = False,
-                       requires_local_attention: bool = False) -> int | None:
-    """vLLM's get_flash_attn_version, answered from evidence (see the selector's docstring)."""
-    fa = fa_versions(m)
-    sizes = [(head_size, head_size if head_size_v is None else head_size_v)] if head_size is not None \
-        else list(FA_COMMON_HEAD_SIZES)
-    per_size = []
-    for hd, hdv in sizes:
-        q = make_query(arch, hd, hdv, alibi=requires_alibi, sinks=has_sinks, sliding_window=requires_local_attention)
-        per_size.append([fa[a.backend] for a in query(m, q)[0] if a.backend in fa])
-    for v in per_size[-1]:
-        if all(v in p for p in per_size):
-            return v
-    return None
+                       requires_local_attention: bool = False, requires_softcap: bool = False,
+                       kv_cache_block_size: int | None = None) -> int | None:
+    """vLLM's get_flash_attn_version, answered from evidence (the engine's flash_attn_version_for)."""
+    return engine_for(m).flash_attn_version_for(arch, requires_alibi, head_size, head_size_v, has_sinks,
+                                                requires_local_attention, requires_softcap, kv_cache_block_size)
 
 
 def mla_prefill_priorities(m: ResolvedMatrix, arch: str, qk_nope_head_dim: int, qk_rope_head_dim: int,
                            v_head_dim: int) -> list[str]:
-    names = mla_names(m)
-    q = make_query(arch, qk_nope_head_dim + qk_rope_head_dim, v_head_dim, op="mla_prefill")
-    out: list[str] = []
-    for a in query(m, q)[0]:
-        n = names.get(a.backend)
-        if n and n not in out:
-            out.append(n)
-    return out
-
-
-# --- the selector's tables ----------------------------------------------------------------------
-
-ROW_TOKEN_RE = re.compile(r"[A-Za-z0-9_.:+-]+(?: [A-Za-z0-9_.:+-]+)*")
-
-
-@dataclass(frozen=True)
-class SelectorRow:
-    """One resolved cell as the selector stores it. `reason`/`sources` index the string tables."""
-
-    head_dim: int
-    head_dim_v: int
-    features: str  # "+"-joined tokens, "" for none
-    status: str
-    outcome: str | None
-    tier: str | None
-    reason: int | None
-    latency_ms: float | None
-    sources: int
-
-    def as_line(self) -> str:
-        """`hd hdv features status outcome tier reason latency sources`, `-` for none/empty. Only generated
-        tokens (ints, enum words, feature tokens, float reprs) appear, never free text: checked here."""
-        def tok(v: object) -> str:
-            return "-" if v is None or v == "" else repr(v) if isinstance(v, float) else str(v)
-
-        line = " ".join(tok(v) for v in (self.head_dim, self.head_dim_v, self.features, self.status, self.outcome,
-                                         self.tier, self.reason, self.latency_ms, self.sources))
-        if not ROW_TOKEN_RE.fullmatch(line) or len(line.split(" ")) != 9:
-            raise ValueError(f"selector row {line!r} has a token the selector cannot parse")
-        return line
-
-
-@dataclass
-class SelectorTables:
-    archs: list[str]
-    strings: list[str]  # every reason and source, sorted, deduplicated
-    source_sets: list[tuple[int, ...]]  # tuples of string indices, sorted
-    backends: dict[str, list[str]]  # arch -> backends considered
-    rows: dict[str, dict[tuple[str, str, str], list[str]]]  # arch -> (backend, op, dtype) -> row lines
-    rankings: list[tuple]
-    default_rank: dict[str, dict[str, int]]  # arch -> backend -> its default rank there
-    fa_version: dict[str, int]
-    mla_name: dict[str, str]
-    ops: list[str]
-    dtypes: list[str]
-    features: list[str]
-    fa_common_head_sizes: list[tuple[int, int]]
-    n_cells: int
-
-
-def _finite(x: float | None, what: str) -> float | None:
-    if x is None:
-        return None
-    if not math.isfinite(x):
-        raise ValueError(f"{what}: {x!r} is not a finite number")
-    return float(x)
-
-
-def selector_tables(m: ResolvedMatrix) -> SelectorTables:
-    archs = selector_archs(m)
-    cells = [c for c in public_cells(m) if c.case.arch in archs]
-    strings = sorted({c.reason for c in cells if c.reason is not None} | {s for c in cells for s in c.sources})
-    sidx = {s: i for i, s in enumerate(strings)}
-    source_sets = sorted({tuple(sidx[s] for s in c.sources) for c in cells})
-    setidx = {s: i for i, s in enumerate(source_sets)}
-    rows: dict[str, dict[tuple[str, str, str], list[str]]] = {a: defaultdict(list) for a in archs}
-    for c in cells:  # sorted by case: arch, backend, op, dtype, dims, features
-        k = c.case
-        row = SelectorRow(k.head_dim, k.head_dim_v, feature_string(k.features), c.status, c.outcome, c.tier,
-                          None if c.reason is None else sidx[c.reason], _finite(c.latency_ms, k.key),
-                          setidx[tuple(sidx[s] for s in c.sources)])
-        rows[k.arch][(k.backend, k.op, k.dtype)].append(row.as_line())
-    # What the selector needs of each matrix.evidence.Ranking, in evidence order (the first that applies wins).
-    rankings = [(r.id, tuple(r.archs), r.op, r.dtype, tuple(r.head_dims), tuple(r.order), tuple(r.sources))
-                for r in m.rankings]
-    public = sorted(b for b in m.backends if not is_test_only(m, b))
-    return SelectorTables(
-        archs=archs, strings=strings, source_sets=source_sets,
-        backends={a: backends_for_arch(m, a) for a in archs},
-        rows={a: dict(sorted(v.items())) for a, v in rows.items()},
-        rankings=rankings,
-        default_rank={a: {b: default_rank(m.backends, b, a) for b in public} for a in archs},
-        fa_version=fa_versions(m), mla_name=mla_names(m),
-        ops=list(OPS), dtypes=list(DTYPES), features=list(FEATURES),
-        fa_common_head_sizes=list(FA_COMMON_HEAD_SIZES), n_cells=len(cells),
-    )
+    return engine_for(m).mla_prefill_priorities_for(arch, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
 
 
 # --- docs tables ----------------------------------------------------------------------------------

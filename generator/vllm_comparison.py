@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from attnmatrix.matrix.cases import OPS
-from attnmatrix.matrix.policy import SUPPORTED, UNKNOWN, UNSUPPORTED, Answer, ResolvedMatrix, answer, arch_sort_key
+from attnmatrix.matrix.policy import SUPPORTED, UNKNOWN, UNSUPPORTED, ResolvedMatrix, arch_sort_key
 
 from . import tables as T
 from . import vllm_rules as V
@@ -110,7 +110,7 @@ class Comparison:
         return p.latency_ms / self.fastest.latency_ms
 
 
-def _pick(m: ResolvedMatrix, q: T.Query, a: Answer | None, backend: str | None) -> Pick:
+def _pick(m: ResolvedMatrix, q: T.Query, a: T.Answer | None, backend: str | None) -> Pick:
     if backend is None:
         return NO_PICK
     if a is None:  # the backend has no evidence at all on this arch
@@ -149,7 +149,7 @@ def compare_cell(m: ResolvedMatrix, q: T.Query) -> Comparison:
     elif vq is q:
         vp = _pick(m, q, by_backend.get(vc.backend), vc.backend)
     else:
-        a = answer(m, vq.arch, vc.backend, vq.op, vq.dtype, vq.head_dim, vq.head_dim_v, vq.features)
+        a = T.answer(m, vq, vc.backend)
         vp = _pick(m, vq, a, vc.backend)
     amx = next((a for a in ordered if a.backend in family), None)
     amx_pick = _pick(m, q, amx, amx.backend) if amx else NO_PICK

@@ -108,9 +108,9 @@ def default_rank_problem(value: object) -> str | None:
 def default_rank(backends: dict[str, dict], backend: str, arch: str | None) -> int:
     """The documented default rank of `backend` on `arch` (lower first); `arch` None means "*" (no arch).
 
-    The one reader of `default_rank`: policy.order_backends, the generator's tables and the generated selector's
-    per-arch table all go through it. A malformed value raises ValueError naming the backend and the field
-    (load_backends reports the same message, with the file, before anything is read).
+    The one reader of `default_rank`: the query engine's per-arch table (generator.capabilities, which the
+    selector ships) and the generator's tables go through it. A malformed value raises ValueError naming the
+    backend and the field (load_backends reports the same message, with the file, before anything is read).
     """
     value = backends.get(backend, {}).get(DEFAULT_RANK_FIELD, DEFAULT_RANK_MISSING)
     problem = default_rank_problem(value)

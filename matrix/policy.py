@@ -12,19 +12,21 @@
    informative evidence; a cell with only such evidence is `unknown`.
 
 Every piece of evidence is kept with the resolved cell (`evidence`, `conflicts`), so `explain`
-and the docs can show what was overruled and why.
+and the docs can show what was overruled and why. Querying a resolved matrix (composing a feature
+combination from cells, ordering backends, explaining) is not here: it is the query engine,
+`attnmatrix.selector_engine`, over the data `attnmatrix.generator.capabilities` builds from this result.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
 
 from .cases import Case
-from .evidence import Evidence, Ranking, default_rank
+from .evidence import Evidence, Ranking
 from .records import POSITIVE_OUTCOMES, UNINFORMATIVE_OUTCOMES, Record
 
 SUPPORTED, UNSUPPORTED, UNKNOWN = "supported", "unsupported", "unknown"
@@ -188,108 +190,3 @@ def resolve(ev: Evidence, *, include_test_only: bool = False) -> ResolvedMatrix:
         groups[r.case.cell].append(r)
     cells = {k: resolve_cell(v) for k, v in groups.items()}
     return ResolvedMatrix(cells, list(ev.rankings), ev.backends)
-
-
-# --- Queries: answering a feature combination from single-feature cells ------------------------
-
-MASK_FEATURES = ("causal",)
-
-
-@dataclass
-class Answer:
-    """What the evidence says about one backend for one query (possibly composed from several cells)."""
-
-    backend: str
-    status: str
-    tier: str | None
-    reasons: list[str]
-    cells: list[ResolvedCell]
-    latency_ms: float | None
-
-
-def component_cells(m: ResolvedMatrix, arch: str, backend: str, op: str, dtype: str, head_dim: int,
-                    head_dim_v: int, features: Iterable[str]) -> tuple[list[ResolvedCell], list[str]]:
-    """The cells whose evidence answers a query, and the features nothing answers.
-
-    The exact feature set wins when probed. Otherwise the query is split into its mask (causal or
-    not) and one cell per extra feature, each looked up on top of the same mask, then on top of
-    `causal` (where sweeps probe most features), then alone.
-    """
-    feats = tuple(sorted(set(features)))
-    key = (arch, backend, op, dtype, head_dim, head_dim_v)
-    exact = m.cells.get((*key, feats))
-    if exact is not None:
-        return [exact], []
-    mask = tuple(f for f in feats if f in MASK_FEATURES)
-    cells, missing = [], []
-    base = m.cells.get((*key, mask))
-    if base is not None:
-        cells.append(base)
-    else:  # evidence for the other mask mode must not answer this one
-        missing.append("+".join(mask) or "no mask")
-    for f in (f for f in feats if f not in MASK_FEATURES):
-        for cand in (tuple(sorted({*mask, f})), tuple(sorted({"causal", f})), (f,)):
-            cell = m.cells.get((*key, cand))
-            if cell is not None:
-                cells.append(cell)
-                break
-        else:
-            missing.append(f)
-    return cells, missing
-
-
-TIER_ORDER = {"validated": 0, "compiled": 1, "declared": 2}
-
-
-def answer(m: ResolvedMatrix, arch: str, backend: str, op: str, dtype: str, head_dim: int, head_dim_v: int,
-           features: Iterable[str]) -> Answer:
-    cells, missing = component_cells(m, arch, backend, op, dtype, head_dim, head_dim_v, features)
-    reasons: list[str] = []
-    bad = [c for c in cells if c.status == UNSUPPORTED]
-    for c in bad:
-        feats = "+".join(c.case.features) or "no features"
-        reasons.append(f"{feats}: {c.outcome} ({c.tier}): {c.reason}")
-    if bad:
-        status = UNSUPPORTED
-    elif missing or any(c.status == UNKNOWN for c in cells) or not cells:
-        status = UNKNOWN
-        reasons += [f"{f}: no evidence" for f in missing]
-        reasons += [f"{'+'.join(c.case.features) or 'no features'}: unknown: {c.reason}" for c in cells
-                    if c.status == UNKNOWN]
-    else:
-        status = SUPPORTED
-    tiers = [c.tier for c in (bad or cells) if c.tier]
-    tier = max(tiers, key=lambda t: TIER_ORDER[t]) if tiers and status == SUPPORTED else (
-        min(tiers, key=lambda t: TIER_ORDER[t]) if tiers else None)
-    lats = [c.latency_ms for c in cells]
-    latency = max(lats) if status == SUPPORTED and lats and all(x is not None for x in lats) else None
-    return Answer(backend, status, tier, reasons, cells, latency)
-
-
-def order_backends(m: ResolvedMatrix, answers: list[Answer], arch: str, op: str, dtype: str, head_dim: int,
-                   head_dim_v: int) -> list[Answer]:
-    """Supported answers, fastest measured first; then declared rankings; then the documented default for `arch`
-    (`default_rank` in backends.json, which may differ per capability major: evidence.default_rank)."""
-    ranking = next((r for r in m.rankings if r.applies(arch, op, dtype, head_dim, head_dim_v)), None)
-
-    def key(a: Answer) -> tuple:
-        default = default_rank(m.backends, a.backend, arch)
-        if a.latency_ms is not None:
-            return (0, a.latency_ms, default, a.backend)
-        if ranking is not None and a.backend in ranking.order:
-            return (1, ranking.order.index(a.backend), default, a.backend)
-        return (2, 0, default, a.backend)
-
-    return sorted((a for a in answers if a.status == SUPPORTED), key=key)
-
-
-def features_of(*, causal: bool, sliding_window: bool = False, softcap: bool = False, alibi: bool = False,
-                sinks: bool = False, gqa: bool = False, varlen: bool = False, page_size: int | None = None,
-                fp8: bool = False) -> tuple[str, ...]:
-    """Query flags -> feature tokens, the same mapping the generated selector uses."""
-    flags = {"causal": causal, "sliding_window": sliding_window, "softcap": softcap, "alibi": alibi,
-             "sinks": sinks, "gqa": gqa, "varlen": varlen, "fp8": fp8}
-    toks = [name for name, on in flags.items() if on]
-    if page_size:
-        toks.append(f"paged_kv:{page_size}")
-    return tuple(sorted(toks))

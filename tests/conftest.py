@@ -131,3 +131,31 @@ def results_dir(tmp_path: Path) -> Path:
     d = tmp_path / "results"
     d.mkdir()
     return d
+
+
+def vendored_selector(text: str, folder: Path, name: str = "gen_selector"):
+    """A generated selector loaded as an engine vendors it: the module beside a copy of the engine, two plain
+    files outside any package."""
+    import importlib.util
+    import shutil
+    import sys
+
+    import attnmatrix.selector_engine
+
+    path = folder / f"{name}.py"
+    path.write_text(text, encoding="utf-8")
+    shutil.copyfile(attnmatrix.selector_engine.__file__, folder / "selector_engine.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(folder))
+    mod.__path_for_tests__ = str(path)
+    return mod
+
+
+@pytest.fixture
+def load_selector() -> Callable:
+    return vendored_selector

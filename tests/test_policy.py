@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from attnmatrix.generator import tables as T
 from attnmatrix.matrix.evidence import (
     DEFAULT_RANK_MISSING,
     Evidence,
@@ -20,14 +21,27 @@ from attnmatrix.matrix.policy import (
     SUPPORTED,
     UNKNOWN,
     UNSUPPORTED,
-    answer,
-    features_of,
-    order_backends,
     resolve,
     resolve_cell,
     version_key,
 )
 from attnmatrix.matrix.storage import InputError
+
+from attnmatrix.selector_engine import features_of
+
+# Queries over a resolved matrix are the query engine's (attnmatrix.selector_engine), reached here the way the
+# CLI and the pages reach it: generator.tables over the matrix's capability data.
+
+
+def answer(m, arch, backend, op, dtype, head_dim, head_dim_v, features):
+    return T.answer(m, T.Query(arch, op, dtype, head_dim, head_dim_v, tuple(features)), backend)
+
+
+def order_backends(m, answers, arch, op, dtype, head_dim, head_dim_v):
+    """The engine's order for the query the answers were made for, restricted to the answers' backends."""
+    feats = next((a.cells[0].case.features for a in answers if len(a.cells) == 1), ("causal",))
+    names = {a.backend for a in answers}
+    return [a for a in T.query(m, T.Query(arch, op, dtype, head_dim, head_dim_v, feats))[0] if a.backend in names]
 
 # --- versions ----------------------------------------------------------------------------------
 

@@ -1,20 +1,21 @@
-"""The generated selector, over a small hand-built matrix: it must answer exactly as the policy does."""
+"""The generated selector over a small hand-built matrix: the vendored module answers as the pages do."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from attnmatrix.generator import capabilities as C
 from attnmatrix.generator import render_selector
 from attnmatrix.generator import tables as T
 from attnmatrix.matrix.cases import feature_name, page_size
 from attnmatrix.matrix.evidence import Evidence, Ranking
-from attnmatrix.matrix.policy import answer, order_backends, resolve
+from attnmatrix.matrix.policy import resolve
 from attnmatrix.matrix.records import parse_record
+from conftest import vendored_selector
 
 BACKENDS = {
     "fast": {"default_rank": 30},
@@ -54,38 +55,38 @@ def rec(arch, backend, feats, outcome="pass", *, hd=128, hdv=None, op="prefill",
     return parse_record(d)
 
 
-C, CS = ("causal",), ("causal", "softcap")
+CA, CS = ("causal",), ("causal", "softcap")
 
 
 def records():
     H = "sm_90"
     return [
-        rec(H, "fast", (), lat=0.9), rec(H, "fast", C, lat=1.0), rec(H, "fast", CS, lat=1.5),
-        rec(H, "slow", C, lat=2.0), rec(H, "slow", CS, "rejected", reason="softcap: slow says no"),
-        rec(H, "bad", C, "rejected", reason="bad refuses everything"),
+        rec(H, "fast", (), lat=0.9), rec(H, "fast", CA, lat=1.0), rec(H, "fast", CS, lat=1.5),
+        rec(H, "slow", CA, lat=2.0), rec(H, "slow", CS, "rejected", reason="softcap: slow says no"),
+        rec(H, "bad", CA, "rejected", reason="bad refuses everything"),
         rec(H, "bad", CS, "rejected", reason="bad refuses softcap too"),
-        rec(H, "comp", C, lat=1.2), rec(H, "comp", ("causal", "sinks"), "rejected", reason="sinks: comp says no"),
+        rec(H, "comp", CA, lat=1.2), rec(H, "comp", ("causal", "sinks"), "rejected", reason="sinks: comp says no"),
         rec(H, "comp", ("sliding_window",), "rejected", reason="window: comp says no"),
         rec(H, "comp", ("causal", "paged_kv:16"), lat=1.3),
-        rec(H, "decl_a", C, tier="declared"), rec(H, "decl_b", C, tier="declared"),
-        rec(H, "decl_a", C, tier="declared", hd=64), rec(H, "decl_b", C, tier="declared", hd=64),
-        rec(H, "fake_fast", C, lat=0.01),
+        rec(H, "decl_a", CA, tier="declared"), rec(H, "decl_b", CA, tier="declared"),
+        rec(H, "decl_a", CA, tier="declared", hd=64), rec(H, "decl_b", CA, tier="declared", hd=64),
+        rec(H, "fake_fast", CA, lat=0.01),
         # FlashAttention: fa4 is fastest at 128 but refuses 64; fa3 refuses ALiBi, fa2 has it.
-        rec(H, "fa4", C, lat=0.5), rec(H, "fa4", C, "rejected", hd=64, reason="fa4: no 64 here"),
-        rec(H, "fa3", C, lat=0.8), rec(H, "fa3", C, hd=64, lat=0.4),
+        rec(H, "fa4", CA, lat=0.5), rec(H, "fa4", CA, "rejected", hd=64, reason="fa4: no 64 here"),
+        rec(H, "fa3", CA, lat=0.8), rec(H, "fa3", CA, hd=64, lat=0.4),
         rec(H, "fa3", ("alibi", "causal"), "rejected", reason="fa3 has no alibi"),
-        rec(H, "fa2", C, tier="declared"), rec(H, "fa2", C, hd=64, tier="declared"),
+        rec(H, "fa2", CA, tier="declared"), rec(H, "fa2", CA, hd=64, tier="declared"),
         rec(H, "fa2", ("alibi", "causal"), tier="declared"),
         rec(H, "fa4", ("alibi", "causal"), "rejected", reason="fa4 has no alibi"),
         # MLA prefill at (192, 128): FLASH_ATTN twice (fa4, fa3), one without a vLLM name.
-        *[rec("sm_100", b, C, op="mla_prefill", hd=192, hdv=128, lat=lat)
+        *[rec("sm_100", b, CA, op="mla_prefill", hd=192, hdv=128, lat=lat)
           for b, lat in (("trtllm_ragged", 2.0), ("fa4", 1.0), ("fa3", 1.5), ("sdpa_efficient", 0.2))],
-        rec("sm_100", "flashinfer", C, op="mla_prefill", hd=192, hdv=128, tier="declared"),
-        rec("sm_100", "fa2", C, "rejected", op="mla_prefill", hd=192, hdv=128, reason="fa2: dv != d"),
+        rec("sm_100", "flashinfer", CA, op="mla_prefill", hd=192, hdv=128, tier="declared"),
+        rec("sm_100", "fa2", CA, "rejected", op="mla_prefill", hd=192, hdv=128, reason="fa2: dv != d"),
         # A GPU arch with only declared, unmeasured evidence, and a declared ranking for it.
-        rec("sm_100", "decl_a", C, tier="declared"), rec("sm_100", "decl_b", C, tier="declared"),
-        rec("sm_100", "slow", C, lat=3.0),
-        rec("cpu", "sdpa_cpu", C, lat=5.0),
+        rec("sm_100", "decl_a", CA, tier="declared"), rec("sm_100", "decl_b", CA, tier="declared"),
+        rec("sm_100", "slow", CA, lat=3.0),
+        rec("cpu", "sdpa_cpu", CA, lat=5.0),
     ]
 
 
@@ -101,14 +102,8 @@ def matrix():
 
 @pytest.fixture(scope="module")
 def sel(matrix, tmp_path_factory):
-    path = tmp_path_factory.mktemp("sel") / "selector_under_test.py"
-    path.write_text(render_selector(matrix, {"matrix_id": "test-matrix", "kernel_versions": {"fa4": ["1.0"]}}),
-                    encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("selector_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.__path_for_tests__ = str(path)
-    return mod
+    text = render_selector(matrix, {"matrix_id": "test-matrix", "kernel_versions": {"fa4": ["1.0"]}})
+    return vendored_selector(text, tmp_path_factory.mktemp("sel"), "selector_under_test")
 
 
 H100 = (9, 0)
@@ -129,7 +124,7 @@ def test_test_only_backends_and_cpu_are_not_in_the_selector(sel, matrix):
     # even a matrix resolved with test-only backends does not leak them into the tables
     with_fakes = resolve(Evidence(records=records(), rankings=list(RANKINGS), backends=dict(BACKENDS)),
                          include_test_only=True)
-    assert "fake_fast" not in repr(T.selector_tables(with_fakes).backends)
+    assert "fake_fast" not in repr(C.engine_data(with_fakes))
 
 
 def test_declared_ranking_only_where_unmeasured(sel):
@@ -211,15 +206,9 @@ def _flags(features):
     return kw
 
 
-def _policy_order(m, arch, op, dtype, hd, hdv, feats):
-    answers = [answer(m, arch, b, op, dtype, hd, hdv, feats) for b in T.backends_for_arch(m, arch)]
-    return [a.backend for a in order_backends(m, answers, arch, op, dtype, hd, hdv)]
-
-
-def test_every_cell_agrees_with_policy(sel, matrix):
-    """For every cell of the matrix (and every cell's features plus one more), the selector answers as
-    policy.answer + order_backends, and explain matches the generator's reference word for word."""
-    n = 0
+def test_selector_data_is_the_engine_data_of_the_matrix(sel, matrix):
+    """The generated module carries exactly the data the CLI and the pages query (the same engine answers)."""
+    assert sel.DATA == C.engine_data(matrix)
     for cell in matrix.cells.values():
         c = cell.case
         if c.arch == "cpu" or T.is_test_only(matrix, c.backend):
@@ -227,31 +216,33 @@ def test_every_cell_agrees_with_policy(sel, matrix):
         cap = (int(c.arch[3:-1]), int(c.arch[-1]))
         for extra in (None, "softcap", "sinks", "sliding_window", "alibi"):
             feats = tuple(sorted(set(c.features) | ({extra} if extra else set())))
-            kw = _flags(feats)
-            got = sel.select_backends(cap, c.head_dim, c.head_dim_v, op=c.op, dtype=c.dtype, **kw)
-            assert got == _policy_order(matrix, c.arch, c.op, c.dtype, c.head_dim, c.head_dim_v, feats), (c.key, extra)
             q = T.Query(c.arch, c.op, c.dtype, c.head_dim, c.head_dim_v, feats)
+            kw = _flags(feats)
+            assert sel.select_backends(cap, c.head_dim, c.head_dim_v, op=c.op, dtype=c.dtype, **kw) == \
+                [a.backend for a in T.query(matrix, q)[0]]
             assert sel.explain(cap, c.head_dim, c.head_dim_v, op=c.op, dtype=c.dtype, **kw) == \
                 T.explain_query(matrix, q)
-            n += 1
-    assert n > 100
 
 
-def test_helpers_agree_with_reference(sel, matrix):
-    for arch, hs, alibi, sinks, local in itertools.product(["sm_90", "sm_100", "sm_75"], [None, 64, 128, 96],
-                                                           [False, True], [False, True], [False, True]):
-        cap = (int(arch[3:-1]), int(arch[-1]))
-        assert sel.get_flash_attn_version(cap, alibi, hs, None, sinks, local) == \
-            T.flash_attn_version(matrix, arch, alibi, hs, None, sinks, local)
-    for arch in ("sm_90", "sm_100"):
-        cap = (int(arch[3:-1]), int(arch[-1]))
-        assert sel.get_mla_prefill_backend_priorities(cap, 128, 64, 128) == \
-            T.mla_prefill_priorities(matrix, arch, 128, 64, 128)
+def test_every_rule_covers_exactly_the_resolved_cells(matrix):
+    """The rules are lossless: expanding them gives back every public cell's verdict, and nothing else."""
+    data = C.engine_data(matrix, include_cpu=True)
+    got = {}
+    for (arch, backend), rules in data["cells"].items():
+        for ops, dtypes, dims, fsets, verdict in rules:
+            for op, dt, d, f in itertools.product(ops.split(), dtypes.split(), dims.split(), fsets.split()):
+                hd, _, hdv = d.partition("x")
+                key = (arch, backend, op, dt, int(hd), int(hdv or hd), () if f == "none" else tuple(f.split("+")))
+                assert key not in got, key
+                got[key] = verdict
+    want = {k: C.verdict(c) for k, c in matrix.cells.items() if not T.is_test_only(matrix, c.case.backend)}
+    assert got == want
 
 
 def test_selector_imports_no_torch_and_nothing_of_ours(sel):
     code = textwrap.dedent(f"""
-        import importlib.util, sys
+        import importlib.util, os, sys
+        sys.path.insert(0, os.path.dirname({sel.__path_for_tests__!r}))
         spec = importlib.util.spec_from_file_location("s", {sel.__path_for_tests__!r})
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
@@ -276,9 +267,9 @@ PER_ARCH = ("sm_80", "sm_90", "sm_100", "sm_120")
 
 
 def per_arch_records():
-    out = [rec(a, b, C, tier="declared") for a in PER_ARCH for b in ("fa2", "fa3", "fa4", "sdpa_efficient")]
+    out = [rec(a, b, CA, tier="declared") for a in PER_ARCH for b in ("fa2", "fa3", "fa4", "sdpa_efficient")]
     # at head size 64 on sm_90, fa2 is measured: it comes before the unmeasured fa3 that ranks first by default
-    out += [rec("sm_90", "fa2", C, hd=64, lat=3.0), rec("sm_90", "fa3", C, hd=64, tier="declared")]
+    out += [rec("sm_90", "fa2", CA, hd=64, lat=3.0), rec("sm_90", "fa3", CA, hd=64, tier="declared")]
     return out
 
 
@@ -286,12 +277,8 @@ def per_arch_records():
 def per_arch(tmp_path_factory):
     m = resolve(Evidence(records=per_arch_records(), where=["t"] * len(per_arch_records()),
                          backends={k: dict(v) for k, v in PER_ARCH_BACKENDS.items()}))
-    path = tmp_path_factory.mktemp("sel") / "selector_per_arch.py"
-    path.write_text(render_selector(m, {"matrix_id": "per-arch"}), encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("selector_per_arch", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return m, mod
+    return m, vendored_selector(render_selector(m, {"matrix_id": "per-arch"}), tmp_path_factory.mktemp("sel"),
+                            "selector_per_arch")
 
 
 def test_selector_applies_default_rank_per_arch(per_arch):
@@ -311,15 +298,15 @@ def test_selector_applies_default_rank_per_arch(per_arch):
     assert sel.select_backends((9, 0), 64) == ["fa2", "fa3"]
     assert sel.get_flash_attn_version((9, 0), head_size=64) == 2
     # the table the selector carries is the per-arch resolution of backends.json's default_rank
-    assert sel._DEFAULT_RANK["sm_90"] == {"fa2": 12, "fa3": 10, "fa4": 11, "sdpa_efficient": 32}
-    assert sel._DEFAULT_RANK["sm_120"] == {"fa2": 10, "fa3": 12, "fa4": 11, "sdpa_efficient": 32}
+    assert sel.DATA["default_rank"]["sm_90"] == {"fa2": 12, "fa3": 10, "fa4": 11, "sdpa_efficient": 32}
+    assert sel.DATA["default_rank"]["sm_120"] == {"fa2": 10, "fa3": 12, "fa4": 11, "sdpa_efficient": 32}
 
 
-def test_per_arch_selector_agrees_with_policy(per_arch):
+def test_per_arch_selector_agrees_with_the_pages(per_arch):
     m, sel = per_arch
     for arch, hd in itertools.product(PER_ARCH, (64, 128)):
         cap = (int(arch[3:-1]), int(arch[-1]))
-        for feats in ((), C):
-            kw = _flags(feats)
-            assert sel.select_backends(cap, hd, **kw) == _policy_order(m, arch, "prefill", "bfloat16", hd, hd, feats)
-            assert sel.explain(cap, hd, **kw) == T.explain_query(m, T.Query(arch, "prefill", "bfloat16", hd, hd, feats))
+        for feats in ((), CA):
+            q = T.Query(arch, "prefill", "bfloat16", hd, hd, feats)
+            assert sel.select_backends(cap, hd, **_flags(feats)) == [a.backend for a in T.query(m, q)[0]]
+            assert sel.explain(cap, hd, **_flags(feats)) == T.explain_query(m, q)

@@ -1,0 +1,439 @@
+"""The query engine: answers questions about a resolved compatibility matrix. Standard library only.
+
+Written once, by hand. Everything that asks "which backend, and why" goes through it: the generated
+selector (`attnmatrix.selector` = generated capability data + this module), `attnmatrix explain`, the
+docs tables and the vLLM comparison. Resolution (evidence -> one answer per cell) is not here: it lives
+in `attnmatrix.matrix.policy`; this module only reads its result, as plain data (`Engine(data)`; the
+data is built by `attnmatrix.generator.capabilities.engine_data` and written out readably as the
+selector's `DATA`).
+
+The data (every key required):
+
+- `tiers`: evidence tiers, strongest first; `positive` / `uninformative`: outcomes that mean supported /
+  say nothing (a cell with only such evidence is unknown); any other outcome means unsupported.
+- `archs`; `backends`: arch -> the backends a query on that arch considers.
+- `cells`: (arch, backend) -> rules. A rule is five strings: ops, dtypes, head sizes (`128`, `192x128`),
+  feature sets (`none`, `causal+softcap`), each a space-separated list whose product is the cells it
+  covers, and the verdict `outcome tier evidence-id[: short reason]`. Rules do not overlap; a cell no rule
+  covers has no evidence.
+- `measured`: arch -> (op, dtype, head_dim, head_dim_v) -> feature set -> ((backend, latency_ms), ...) fastest
+  first, or (backend, latency_ms, shapes completed, shapes the most complete backend completed) for a
+  backend that completed fewer timing shapes. Each latency is the median over the timing shapes every
+  measured backend of that class completed (like for like).
+- `declared_rankings`: (id, archs, op, dtype or None, ((head_dim, head_dim_v), ...), order, sources).
+- `default_rank`: arch -> backend -> rank (lower first); `default_rank_missing` for the others.
+- `fa_version`: backend -> FlashAttention version; `mla_name`: backend -> vLLM MLA prefill name;
+  `fa_common_head_sizes`: the head sizes get_flash_attn_version decides over when given none.
+- `mask_features`: tokens every component cell shares (causal); `qualifiers`: token names that narrow
+  a cell (`qk_rope`: the rope split of an MLA head size) and are dropped where no cell carries them.
+
+A query is (arch, op, dtype, head_dim, head_dim_v, feature tokens). The exact feature set answers when a
+cell has it. Otherwise the query is composed: its mask cell, then one cell per other feature, looked up on
+top of the same mask, then on top of causal, then alone. A backend is supported when every component
+cell is; any unsupported component makes it unsupported (every reason is kept); a feature nothing
+answers makes it unknown. Supported backends are ordered by measured latency (a composed query: its
+slowest component), then by the first declared ranking that applies, then by default rank.
+"""
+
+from __future__ import annotations
+
+SUPPORTED, UNSUPPORTED, UNKNOWN = "supported", "unsupported", "unknown"
+FLAG_FEATURES = ("causal", "sliding_window", "softcap", "alibi", "sinks", "gqa", "varlen", "fp8")
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+CACHE_MAX = 1 << 16
+
+
+def dims_label(head_dim: int, head_dim_v: int) -> str:
+    return str(head_dim) if head_dim == head_dim_v else f"{head_dim}x{head_dim_v}"
+
+
+def fset_label(features) -> str:
+    return "+".join(features) or "none"
+
+
+def features_of(causal=True, sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False,
+                varlen=False, page_size=None, fp8=False, qk_rope=None) -> tuple:
+    """Query flags -> the matrix's feature tokens, sorted."""
+    flags = (causal, sliding_window, softcap, alibi, sinks, gqa, varlen, fp8)
+    toks = [name for name, on in zip(FLAG_FEATURES, flags, strict=True) if on]
+    if page_size:
+        toks.append(f"paged_kv:{_int('page_size', page_size, 1)}")
+    if qk_rope is not None:
+        toks.append(f"qk_rope:{_int('qk_rope_head_dim', qk_rope, 0)}")
+    return tuple(sorted(toks))
+
+
+def measured_latencies(timings: dict) -> dict:
+    """Like-for-like latencies for one query class: backend -> {timing shape: ms} in, backend ->
+    (median over the shapes every backend completed, shapes it completed, most shapes any completed) out.
+    Where the backends share no shape, each is its own median (and is marked by its count)."""
+    if not timings:
+        return {}
+    common = set.intersection(*(set(t) for t in timings.values()))
+    most = max(len(t) for t in timings.values())
+    out = {}
+    for b, t in timings.items():
+        vals = sorted(t[s] for s in (common or t))
+        mid = len(vals) // 2
+        out[b] = (vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2, len(t), most)
+    return out
+
+
+class Verdict:
+    """One rule's verdict: what the evidence says about the cells it covers."""
+
+    __slots__ = ("status", "outcome", "tier", "evidence", "reason", "rank")
+
+    def __init__(self, text: str, positive, uninformative):
+        head, _, reason = text.partition(": ")
+        self.outcome, self.tier, self.evidence = head.split(" ")
+        self.reason = reason or None
+        self.status = (SUPPORTED if self.outcome in positive else UNKNOWN if self.outcome in uninformative
+                       else UNSUPPORTED)
+
+
+class Answer:
+    """What the evidence says about one backend for one query. `cells`: (feature set, Verdict) per component."""
+
+    __slots__ = ("backend", "status", "tier", "reasons", "cells", "missing", "latency_ms", "shapes")
+
+    def __init__(self, backend, status, tier, reasons, cells, missing, latency_ms, shapes):
+        self.backend, self.status, self.tier, self.reasons = backend, status, tier, reasons
+        self.cells, self.missing, self.latency_ms, self.shapes = cells, missing, latency_ms, shapes
+
+    @property
+    def marked(self) -> bool:
+        """Ranked on fewer timing shapes than another backend of its class completed."""
+        return self.shapes is not None and self.shapes[0] < self.shapes[1]
+
+
+def _int(name, v, lo):
+    """An int (or an integral float: 128.0 is 128); bools, strings and values below `lo` are refused."""
+    if isinstance(v, bool):
+        raise ValueError(f"{name}: {v!r} is not an integer")
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    try:
+        i = v.__index__()
+    except (AttributeError, TypeError):
+        raise ValueError(f"{name}: {v!r} is not an integer") from None
+    if i < lo:
+        raise ValueError(f"{name}: {v!r} is below {lo}")
+    return i
+
+
+def arch_of(capability) -> str:
+    """(9, 0) -> "sm_90"."""
+    try:
+        major, minor = capability
+    except (TypeError, ValueError):
+        raise ValueError(f"capability: {capability!r} is not a (major, minor) tuple") from None
+    return f"sm_{_int('capability major', major, 0)}{_int('capability minor', minor, 0)}"
+
+
+def _dtype(dtype) -> str:
+    s = str(dtype)
+    if s.startswith("torch."):
+        s = s[len("torch."):]
+    return DTYPE_ALIASES.get(s, s)
+
+
+def _fsets(text: str):
+    return {() if f == "none" else tuple(f.split("+")) for f in text.split(" ")}
+
+
+class Engine:
+    """Queries over one matrix's capability data (see the module docstring for its shape)."""
+
+    def __init__(self, data: dict):
+        self.data = data
+        self.archs = tuple(data["archs"])
+        self.tier_order = {t: i for i, t in enumerate(data["tiers"])}
+        self.mask = tuple(data["mask_features"])
+        self.qualifiers = tuple(data["qualifiers"])
+        self.ops = tuple(data["ops"])
+        self._blocks: dict = {}
+        self._verdicts: dict = {}
+        self._plans: dict = {}
+        self._latencies: dict = {}
+        self._select_cache: dict = {}
+        self._fa_cache: dict = {}
+        self._mla_cache: dict = {}
+
+    # --- cells ------------------------------------------------------------------------------------
+
+    def _verdict(self, text):
+        v = self._verdicts.get(text)
+        if v is None:
+            v = self._verdicts[text] = Verdict(text, self.data["positive"], self.data["uninformative"])
+            v.rank = self.tier_order.get(v.tier, len(self.tier_order))
+        return v
+
+    def cells(self, arch, backend, op, dtype, dims) -> dict:
+        """{feature set: Verdict} of one (arch, backend, op, dtype, head sizes), built from the rules on first use."""
+        key = (arch, backend, op, dtype, dims)
+        got = self._blocks.get(key)
+        if got is None:
+            got = {}
+            label = f" {dims_label(*dims)} "
+            for ops, dtypes, ds, fsets, verdict in self.data["cells"].get((arch, backend), ()):
+                if label in f" {ds} " and op in ops.split(" ") and dtype in dtypes.split(" "):
+                    v = self._verdict(verdict)
+                    for f in _fsets(fsets):
+                        got[f] = v
+            self._blocks[key] = got
+        return got
+
+    def components(self, cells, feats):
+        """([(feature set, Verdict)] answering a query, [features nothing answers]) from one backend's cells."""
+        quals = tuple(t for t in feats if t.partition(":")[0] in self.qualifiers)
+        if quals:  # per-triple (or other narrowed) evidence decides where it exists, else the plain cells
+            got = self._compose(cells, feats, quals)
+            if not got[1]:
+                return got
+            feats = tuple(t for t in feats if t not in quals)
+        return self._compose(cells, feats, ())
+
+    def _plan(self, feats, quals):
+        """(mask, [(feature, cells to try in order)]) for composing `feats`; the same for every backend."""
+        key = (feats, quals)
+        plan = self._plans.get(key)
+        if plan is None:
+            mask = tuple(f for f in feats if f in self.mask or f in quals)
+            extra = [(f, tuple(dict.fromkeys(tuple(sorted(c)) for c in ({*mask, f}, {*self.mask, *quals, f},
+                                                                           {f, *quals}))))
+                     for f in feats if f not in mask]
+            plan = self._plans[key] = (mask, extra)
+        return plan
+
+    def _compose(self, block, feats, quals):
+        v = block.get(feats)
+        if v is not None:
+            return [(feats, v)], []
+        mask, extra = self._plan(feats, quals)
+        cells, missing = [], []
+        v = block.get(mask)
+        if v is not None:
+            cells.append((mask, v))
+        else:  # evidence for the other mask mode must not answer this one
+            missing.append("+".join(mask) or "no mask")
+        for f, cands in extra:
+            for cand in cands:
+                v = block.get(cand)
+                if v is not None:
+                    cells.append((cand, v))
+                    break
+            else:
+                missing.append(f)
+        return cells, missing
+
+    # --- answers and order ------------------------------------------------------------------------
+
+    def _measured(self, arch, op, dtype, dims) -> dict:
+        """{feature set: {backend: (latency_ms, shapes or None)}} of one (arch, op, dtype, head sizes)."""
+        key = (arch, op, dtype, dims)
+        got = self._latencies.get(key)
+        if got is None:
+            rows = self.data["measured"].get(arch, {}).get((op, dtype, *dims), {})
+            got = self._latencies[key] = {
+                () if f == "none" else tuple(f.split("+")): {m[0]: (m[1], tuple(m[2:]) or None) for m in row}
+                for f, row in rows.items()}
+        return got
+
+    def answer(self, arch, backend, op, dtype, head_dim, head_dim_v, feats) -> Answer:
+        dims = (head_dim, head_dim_v)
+        cells, missing = self.components(self.cells(arch, backend, op, dtype, dims), feats)
+        bad = [(f, v) for f, v in cells if v.status == UNSUPPORTED]
+        if bad:
+            status = UNSUPPORTED
+            reasons = [f"{fset_label(f) if f else 'no features'}: {v.outcome} ({v.tier}): {v.reason}"
+                       for f, v in bad]
+        elif missing or not cells or any(v.status == UNKNOWN for _, v in cells):
+            status = UNKNOWN
+            reasons = [f"{f}: no evidence" for f in missing]
+            reasons += [f"{fset_label(f) if f else 'no features'}: unknown: {v.reason}" for f, v in cells
+                        if v.status == UNKNOWN]
+        else:
+            status, reasons = SUPPORTED, []
+        judged = bad or cells
+        tier = None
+        if judged:  # supported: the weakest tier it rests on; otherwise the strongest against it
+            pick = max if status == SUPPORTED else min
+            tier = pick(judged, key=lambda fv: fv[1].rank)[1].tier
+        latency = shapes = None
+        if status == SUPPORTED:
+            classes = self._measured(arch, op, dtype, dims)
+            for f, _ in cells:
+                hit = classes.get(f, {}).get(backend)
+                if hit is None:
+                    latency = shapes = None
+                    break
+                if latency is None or hit[0] > latency:
+                    latency, shapes = hit
+        return Answer(backend, status, tier, reasons, cells, missing, latency, shapes)
+
+    def declared_ranking(self, arch, op, dtype, head_dim, head_dim_v):
+        for r in self.data["declared_rankings"]:
+            if arch in r[1] and op == r[2] and r[3] in (None, dtype) and (head_dim, head_dim_v) in r[4]:
+                return r
+        return None
+
+    def default_rank(self, arch, backend) -> int:
+        return self.data["default_rank"].get(arch, {}).get(backend, self.data["default_rank_missing"])
+
+    def query(self, arch, op, dtype, head_dim, head_dim_v, feats):
+        """(supported answers best first, every answer, the declared ranking consulted or None)."""
+        answers = [self.answer(arch, b, op, dtype, head_dim, head_dim_v, feats)
+                   for b in self.data["backends"].get(arch, ())]
+        ranking = self.declared_ranking(arch, op, dtype, head_dim, head_dim_v)
+
+        def key(a):
+            default = self.default_rank(arch, a.backend)
+            if a.latency_ms is not None:
+                return (0, a.latency_ms, default, a.backend)
+            if ranking is not None and a.backend in ranking[5]:
+                return (1, ranking[5].index(a.backend), default, a.backend)
+            return (2, 0, default, a.backend)
+
+        return sorted((a for a in answers if a.status == SUPPORTED), key=key), answers, ranking
+
+    def basis(self, arch, a: Answer, ranking) -> str:
+        """Why a supported answer sits where it does."""
+        if a.latency_ms is not None:
+            mark = ""
+            if a.marked:
+                mark = (f", completed {a.shapes[0]} of {a.shapes[1]} timing shapes: ranked on the shapes every "
+                        "measured backend completed")
+            return f"latency {a.latency_ms:.6g} ms, by measured latency{mark}"
+        if ranking is not None and a.backend in ranking[5]:
+            return f"unmeasured, by declared ranking {ranking[0]} ({'; '.join(ranking[6])})"
+        return f"unmeasured, by default rank {self.default_rank(arch, a.backend)}"
+
+    def explain_answer(self, arch, a: Answer, position, n, ranking) -> str:
+        if a.status == SUPPORTED:
+            ev = " | ".join(f"{fset_label(f) if f else 'no features'}: {v.evidence}" for f, v in a.cells)
+            return f"supported (#{position} of {n}, {a.tier}, {self.basis(arch, a, ranking)}); evidence: {ev}"
+        if a.status == UNSUPPORTED:
+            bad = [v for _, v in a.cells if v.status == UNSUPPORTED]
+            items = zip(a.reasons, bad, strict=True)
+            return "unsupported: " + "; ".join(f"{r} [evidence: {v.evidence}]" for r, v in items)
+        return "unknown: " + "; ".join(a.reasons)
+
+    def explain_query(self, arch, op, dtype, head_dim, head_dim_v, feats) -> dict:
+        """backend -> why it is in or out: supported ones first in selection order, then the rest by name."""
+        ordered, answers, ranking = self.query(arch, op, dtype, head_dim, head_dim_v, feats)
+        out = {a.backend: self.explain_answer(arch, a, i + 1, len(ordered), ranking) for i, a in enumerate(ordered)}
+        for a in sorted(answers, key=lambda a: a.backend):
+            if a.backend not in out:
+                out[a.backend] = self.explain_answer(arch, a, None, len(ordered), ranking)
+        return out
+
+    # --- vLLM-shaped questions, per arch -----------------------------------------------------------
+
+    def flash_attn_version_for(self, arch, requires_alibi=False, head_size=None, head_size_v=None, has_sinks=False,
+                               requires_local_attention=False, requires_softcap=False, kv_cache_block_size=None):
+        """The version of the first FlashAttention backend in the order for prefill (bfloat16, causal, the
+        features asked); with no head size, the first version for the last common head size that is also
+        supported for every other one. None when no FlashAttention backend is supported."""
+        fa = self.data["fa_version"]
+        sizes = self.data["fa_common_head_sizes"] if head_size is None else (
+            (head_size, head_size if head_size_v is None else head_size_v),)
+        feats = features_of(alibi=requires_alibi, sinks=has_sinks, sliding_window=requires_local_attention,
+                            softcap=requires_softcap, page_size=kv_cache_block_size)
+        per_size = [[fa[a.backend] for a in self.query(arch, "prefill", "bfloat16", hd, hdv, feats)[0]
+                     if a.backend in fa] for hd, hdv in sizes]
+        return next((v for v in per_size[-1] if all(v in p for p in per_size)), None)
+
+    def mla_prefill_priorities_for(self, arch, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) -> list:
+        """vLLM MLA prefill names in the order for causal bfloat16 mla_prefill of this (qk_nope, qk_rope, v)
+        triple; the first occurrence of each name, backends without a name left out."""
+        feats = features_of(qk_rope=qk_rope_head_dim)
+        names = []
+        for a in self.query(arch, "mla_prefill", "bfloat16", qk_nope_head_dim + qk_rope_head_dim, v_head_dim,
+                            feats)[0]:
+            n = self.data["mla_name"].get(a.backend)
+            if n is not None and n not in names:
+                names.append(n)
+        return names
+
+    # --- the selector's public functions (capability tuples, argument checks, caches) ----------------
+
+    def _query_args(self, capability, head_size, head_size_v, op, dtype, causal, sliding_window, softcap, alibi,
+                    sinks, gqa, varlen, page_size, fp8):
+        arch = arch_of(capability)
+        hd = _int("head_size", head_size, 1)
+        hdv = hd if head_size_v is None else _int("head_size_v", head_size_v, 1)
+        if op not in self.ops:
+            raise ValueError(f"op: {op!r} is not one of {', '.join(self.ops)}")
+        feats = features_of(causal, sliding_window, softcap, alibi, sinks, gqa, varlen, page_size, fp8)
+        return arch, op, _dtype(dtype), hd, hdv, feats
+
+    def select_backends(self, capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16",
+                        causal=True, sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False,
+                        varlen=False, page_size=None, fp8=False):
+        """Supported backends for this query on this GPU, best first (attnmatrix backend names, e.g. "fa4").
+
+        capability is (major, minor), e.g. (9, 0). [] when nothing is known to work.
+        """
+        key = (capability, head_size, head_size_v, op, dtype, causal, sliding_window, softcap, alibi, sinks, gqa,
+               varlen, page_size, fp8)
+        try:
+            return [*self._select_cache[key]]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable argument (e.g. capability as a list): answer without caching
+            return [a.backend for a in self.query(*self._query_args(*key))[0]]
+        hit = tuple(a.backend for a in self.query(*self._query_args(*key))[0])
+        if len(self._select_cache) >= CACHE_MAX:
+            self._select_cache.clear()
+        self._select_cache[key] = hit
+        return list(hit)
+
+    def explain(self, capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16", causal=True,
+                sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False, varlen=False,
+                page_size=None, fp8=False):
+        """Every backend known for that arch -> why it is in or out: "supported (#position of n, tier, basis);
+        evidence: <evidence ids>", "unsupported: <every failing reason> [evidence: <id>]" or
+        "unknown: <what nothing answers>". {} for an arch with no evidence."""
+        return self.explain_query(*self._query_args(capability, head_size, head_size_v, op, dtype, causal,
+                                                    sliding_window, softcap, alibi, sinks, gqa, varlen, page_size,
+                                                    fp8))
+
+    def get_flash_attn_version(self, capability, requires_alibi=False, head_size=None, head_size_v=None,
+                               has_sinks=False, requires_local_attention=False, requires_softcap=False,
+                               kv_cache_block_size=None):
+        """The FlashAttention version (2, 3 or 4) to use, or None if none is supported (vLLM's meaning)."""
+        key = (capability, requires_alibi, head_size, head_size_v, has_sinks, requires_local_attention,
+               requires_softcap, kv_cache_block_size)
+        try:
+            return self._fa_cache[key]
+        except KeyError:
+            pass
+        except TypeError:
+            key = None
+        version = self.flash_attn_version_for(arch_of(capability), requires_alibi, head_size, head_size_v,
+                                              has_sinks, requires_local_attention, requires_softcap,
+                                              kv_cache_block_size)
+        if key is not None:
+            if len(self._fa_cache) >= CACHE_MAX:
+                self._fa_cache.clear()
+            self._fa_cache[key] = version
+        return version
+
+    def get_mla_prefill_backend_priorities(self, capability, qk_nope_head_dim, qk_rope_head_dim, v_head_dim):
+        """vLLM MLA prefill backend names, best first, for this (qk_nope, qk_rope, v) triple; [] if none."""
+        key = (capability, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
+        try:
+            return list(self._mla_cache[key])
+        except KeyError:
+            pass
+        except TypeError:
+            key = None
+        names = self.mla_prefill_priorities_for(
+            arch_of(capability), _int("qk_nope_head_dim", qk_nope_head_dim, 0),
+            _int("qk_rope_head_dim", qk_rope_head_dim, 0), _int("v_head_dim", v_head_dim, 1))
+        if key is not None:
+            if len(self._mla_cache) >= CACHE_MAX:
+                self._mla_cache.clear()
+            self._mla_cache[key] = tuple(names)
+        return names

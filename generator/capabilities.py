@@ -1,0 +1,181 @@
+"""A ResolvedMatrix as the query engine's plain data (`attnmatrix.selector_engine`), and the one engine per matrix.
+
+Per (arch, backend) the resolved cells become a few rules: products of ops x dtypes x head sizes x feature
+sets that share one verdict (outcome, tier, evidence id, short reason), the way xformers and vLLM declare
+capabilities as supported lists. The rules are lossless (every resolved cell is covered by exactly one
+rule, nothing else is), sorted, and keyed so that one new fact or record changes only the rules of the
+verdicts it touches. Long raw reasons and full sources stay in the matrix (`attnmatrix show/explain`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from attnmatrix.matrix.cases import DTYPES, FEATURES, OPS
+from attnmatrix.matrix.evidence import DEFAULT_RANK_MISSING, default_rank
+from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix, arch_sort_key
+from attnmatrix.matrix.records import POSITIVE_OUTCOMES, TIERS, UNINFORMATIVE_OUTCOMES, Record
+
+from attnmatrix.selector_engine import Engine, dims_label, fset_label, measured_latencies
+
+# Head sizes get_flash_attn_version decides over when the caller gives none: the common ones; the last
+# one orders the candidates.
+FA_COMMON_HEAD_SIZES: tuple[tuple[int, int], ...] = ((64, 64), (128, 128))
+FA_BACKEND_FIELD = "fa_version"
+MLA_NAME_FIELD = "mla_prefill"
+MASK_FEATURES = ("causal",)
+# Feature tokens that narrow a cell and answer only where a cell carries them: the rope part of an MLA head
+# size (qk_rope:<n>); without such a cell the (qk, v) totals answer.
+QUALIFIERS = ("qk_rope",)
+SHORT_REASON_CHARS = 120
+LATENCY_DIGITS = 4  # significant digits kept: reruns vary by more than the fifth
+
+
+def is_test_only(m: ResolvedMatrix, backend: str) -> bool:
+    return bool(m.backends.get(backend, {}).get("test_only"))
+
+
+def evidence_id(rec: Record | None) -> str:
+    """A short, stable name for the evidence behind a cell: the declared fact's id, the run id, or for a
+    record without one, what made it (tool, target, library and version, date)."""
+    if rec is None:
+        return "none"
+    p = rec.provenance
+    if p.get("declared_id"):
+        eid = p["declared_id"]
+    elif rec.run_id:
+        eid = rec.run_id
+    else:
+        what = "xcompile" if rec.tier == "compiled" else rec.tier
+        eid = ":".join(str(x) for x in (what, p.get("target") or rec.case.arch, p.get("library", "kernel"),
+                                        rec.kernel_version or "?", p.get("date", "?")))
+    return "".join(ch if ch.isprintable() and not ch.isspace() else "_" for ch in str(eid)) or "none"
+
+
+def short_reason(reason: str | None) -> str:
+    """The first line of a reason, cut to SHORT_REASON_CHARS."""
+    line = next((x.strip() for x in (reason or "").splitlines() if x.strip()), "")
+    line = "".join(ch if ch.isprintable() else " " for ch in line)
+    return line if len(line) <= SHORT_REASON_CHARS else line[:SHORT_REASON_CHARS - 3].rstrip() + "..."
+
+
+def verdict(c: ResolvedCell) -> str:
+    head = f"{c.outcome or 'none'} {c.tier or 'none'} {evidence_id(c.winner)}"
+    reason = short_reason(c.reason) if c.status != SUPPORTED else ""
+    return f"{head}: {reason}" if reason else head
+
+
+def _dims_key(d: tuple[int, int]) -> tuple:
+    return (d[0] != d[1], d)
+
+
+def _fset_key(f: tuple[str, ...]) -> tuple:
+    return (len(f), f)
+
+
+def _join(items: Iterable, key, label) -> str:
+    return " ".join(label(x) for x in sorted(items, key=key))
+
+
+def rules(cells: Iterable[ResolvedCell]) -> tuple[tuple[str, str, str, str, str], ...]:
+    """Lossless rules for one (arch, backend): per verdict, its cells factored into products (feature sets,
+    then head sizes, then dtypes, then ops), sorted."""
+    by_verdict: dict[str, dict] = defaultdict(lambda: defaultdict(set))
+    for c in cells:
+        k = c.case
+        by_verdict[verdict(c)][(k.op, k.dtype, (k.head_dim, k.head_dim_v))].add(k.features)
+    out = []
+    for v, per_key in by_verdict.items():
+        by_fsets: dict[frozenset, dict] = defaultdict(lambda: defaultdict(set))
+        for (op, dtype, dims), fsets in per_key.items():
+            by_fsets[frozenset(fsets)][(op, dtype)].add(dims)
+        for fsets, per_od in by_fsets.items():
+            by_dims: dict[frozenset, dict] = defaultdict(lambda: defaultdict(set))
+            for (op, dtype), dims in per_od.items():
+                by_dims[frozenset(dims)][op].add(dtype)
+            for dims, per_op in by_dims.items():
+                by_dtypes: dict[frozenset, set] = defaultdict(set)
+                for op, dtypes in per_op.items():
+                    by_dtypes[frozenset(dtypes)].add(op)
+                for dtypes, ops in by_dtypes.items():
+                    out.append((_join(ops, OPS.index, str), _join(dtypes, DTYPES.index, str),
+                                _join(dims, _dims_key, lambda d: dims_label(*d)),
+                                _join(fsets, _fset_key, fset_label), v))
+    return tuple(sorted(out, key=lambda r: (r[4], r[0], r[1], r[2], r[3])))
+
+
+def measured(cells: Iterable[ResolvedCell]) -> dict[str, dict[tuple, dict[str, tuple]]]:
+    """arch -> (op, dtype, head_dim, head_dim_v) -> feature set -> like-for-like latencies of the measured
+    backends, fastest first."""
+    timings: dict[tuple, dict[str, dict[str, float]]] = defaultdict(dict)
+    for c in cells:
+        if c.status == SUPPORTED and c.winner is not None and c.winner.timings:
+            k = c.case
+            timings[(k.arch, k.op, k.dtype, k.head_dim, k.head_dim_v, fset_label(k.features))][k.backend] = {
+                t.shape: t.latency_ms for t in c.winner.timings}
+    out: dict[str, dict[tuple, dict]] = defaultdict(lambda: defaultdict(dict))
+    for key in sorted(timings, key=lambda k: (arch_sort_key(k[0]), OPS.index(k[1]), k[2], k[3] != k[4], k[3:5],
+                                              k[5] != "none", len(k[5].split("+")), k[5])):
+        lats = measured_latencies(timings[key])
+        row = []
+        for b, (ms, done, most) in lats.items():
+            ms = float(f"{ms:.{LATENCY_DIGITS}g}")
+            row.append((b, ms) if done == most else (b, ms, done, most))
+        out[key[0]][key[1:5]][key[5]] = tuple(sorted(row, key=lambda r: (r[1], r[0])))
+    return {a: dict(v) for a, v in out.items()}
+
+
+def selector_archs(m: ResolvedMatrix) -> list[str]:
+    """Archs the selector knows: every GPU arch with evidence from a public backend (never `cpu`)."""
+    return sorted({c.case.arch for c in m.cells.values() if c.case.arch != "cpu"
+                   and not is_test_only(m, c.case.backend)}, key=arch_sort_key)
+
+
+def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
+    """The engine's data for a matrix: public backends only; GPU archs (and `cpu` with include_cpu)."""
+    archs = selector_archs(m) + (["cpu"] if include_cpu and any(c.case.arch == "cpu" for c in m.cells.values())
+                                 else [])
+    cells = sorted((c for c in m.cells.values() if c.case.arch in archs and not is_test_only(m, c.case.backend)),
+                   key=lambda c: c.case)
+    per_block: dict[tuple[str, str], list[ResolvedCell]] = defaultdict(list)
+    for c in cells:
+        per_block[(c.case.arch, c.case.backend)].append(c)
+    public = sorted(b for b in m.backends if not is_test_only(m, b))
+    backends = {a: tuple(sorted({b for x, b in per_block if x == a})) for a in archs}
+    return {
+        "tiers": tuple(TIERS),
+        "positive": tuple(sorted(POSITIVE_OUTCOMES)),
+        "uninformative": tuple(sorted(UNINFORMATIVE_OUTCOMES)),
+        "ops": tuple(OPS),
+        "dtypes": tuple(DTYPES),
+        "features": tuple(FEATURES),
+        "mask_features": MASK_FEATURES,
+        "qualifiers": QUALIFIERS,
+        "archs": tuple(archs),
+        "backends": backends,
+        "default_rank": {a: {b: default_rank(m.backends, b, a) for b in backends[a]} for a in archs},
+        "default_rank_missing": DEFAULT_RANK_MISSING,
+        "fa_version": {b: int(m.backends[b][FA_BACKEND_FIELD]) for b in public
+                       if m.backends[b].get(FA_BACKEND_FIELD) is not None},
+        "mla_name": {b: str(m.backends[b][MLA_NAME_FIELD]) for b in public if m.backends[b].get(MLA_NAME_FIELD)},
+        "fa_common_head_sizes": FA_COMMON_HEAD_SIZES,
+        "declared_rankings": tuple((r.id, tuple(r.archs), r.op, r.dtype, tuple(r.head_dims), tuple(r.order),
+                                    tuple(r.sources)) for r in m.rankings),
+        "cells": {k: rules(v) for k, v in sorted(per_block.items(), key=lambda kv: (arch_sort_key(kv[0][0]),
+                                                                                    kv[0][1]))},
+        "measured": measured(cells),
+    }
+
+
+_LAST: list = []  # [(matrix, cells dict, cell count, include_cpu), engine]: one matrix is queried many times
+
+
+def engine_for(m: ResolvedMatrix, *, include_cpu: bool = True) -> Engine:
+    """The engine over `m` (built once per matrix object and reused while its cells are unchanged)."""
+    ident = (m, m.cells, len(m.cells), include_cpu)
+    if _LAST and _LAST[0][0] is m and _LAST[0][1] is m.cells and _LAST[0][2:] == ident[2:]:
+        return _LAST[1]
+    eng = Engine(engine_data(m, include_cpu=include_cpu))
+    _LAST[:] = [ident, eng]
+    return eng
