@@ -152,6 +152,7 @@ class Engine:
         self.mask = tuple(data["mask_features"])
         self.qualifiers = tuple(data["qualifiers"])
         self.ops = tuple(data["ops"])
+        self._rules: dict = {}
         self._blocks: dict = {}
         self._verdicts: dict = {}
         self._plans: dict = {}
@@ -174,14 +175,20 @@ class Engine:
         key = (arch, backend, op, dtype, dims)
         got = self._blocks.get(key)
         if got is None:
-            got = {}
+            index = self._rules.get((arch, backend))
+            if index is None:  # the block's rules by (op, dtype), head sizes padded for a whole-word search
+                index = self._rules[(arch, backend)] = {}
+                for ops, dtypes, ds, fsets, verdict in self.data["cells"].get((arch, backend), ()):
+                    for o in ops.split(" "):
+                        for dt in dtypes.split(" "):
+                            index.setdefault((o, dt), []).append((f" {ds} ", fsets, verdict))
+            got = self._blocks[key] = {}
             label = f" {dims_label(*dims)} "
-            for ops, dtypes, ds, fsets, verdict in self.data["cells"].get((arch, backend), ()):
-                if label in f" {ds} " and op in ops.split(" ") and dtype in dtypes.split(" "):
+            for ds, fsets, verdict in index.get((op, dtype), ()):
+                if label in ds:
                     v = self._verdict(verdict)
                     for f in _fsets(fsets):
                         got[f] = v
-            self._blocks[key] = got
         return got
 
     def components(self, cells, feats):
@@ -242,7 +249,28 @@ class Engine:
 
     def answer(self, arch, backend, op, dtype, head_dim, head_dim_v, feats) -> Answer:
         dims = (head_dim, head_dim_v)
-        cells, missing = self.components(self.cells(arch, backend, op, dtype, dims), feats)
+        block = self.cells(arch, backend, op, dtype, dims)
+        v = block.get(feats)
+        if v is not None and v.status == SUPPORTED:  # the common case: the exact cell, supported
+            cells, missing, status, reasons, tier = [(feats, v)], [], SUPPORTED, [], v.tier
+        else:
+            cells, missing = self.components(block, feats)
+            status, reasons, tier = self._judge(cells, missing)
+        latency = shapes = None
+        if status == SUPPORTED:
+            classes = self._measured(arch, op, dtype, dims)
+            for f, _ in cells:
+                hit = classes.get(f, {}).get(backend)
+                if hit is None:
+                    latency = shapes = None
+                    break
+                if latency is None or hit[0] > latency:
+                    latency, shapes = hit
+        return Answer(backend, status, tier, reasons, cells, missing, latency, shapes)
+
+    @staticmethod
+    def _judge(cells, missing):
+        """(status, reasons, tier) of component cells: supported only if all are; the tier it rests on."""
         bad = [(f, v) for f, v in cells if v.status == UNSUPPORTED]
         if bad:
             status = UNSUPPORTED
@@ -260,17 +288,7 @@ class Engine:
         if judged:  # supported: the weakest tier it rests on; otherwise the strongest against it
             pick = max if status == SUPPORTED else min
             tier = pick(judged, key=lambda fv: fv[1].rank)[1].tier
-        latency = shapes = None
-        if status == SUPPORTED:
-            classes = self._measured(arch, op, dtype, dims)
-            for f, _ in cells:
-                hit = classes.get(f, {}).get(backend)
-                if hit is None:
-                    latency = shapes = None
-                    break
-                if latency is None or hit[0] > latency:
-                    latency, shapes = hit
-        return Answer(backend, status, tier, reasons, cells, missing, latency, shapes)
+        return status, reasons, tier
 
     def declared_ranking(self, arch, op, dtype, head_dim, head_dim_v):
         for r in self.data["declared_rankings"]:
