@@ -4,7 +4,6 @@ measured."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
@@ -16,6 +15,7 @@ from attnmatrix.matrix.cases import feature_name, page_size
 from attnmatrix.matrix.evidence import Evidence, default_rank, load_backends, load_evidence
 from attnmatrix.matrix.policy import SUPPORTED, UNSUPPORTED, resolve
 from attnmatrix.matrix.records import parse_record
+from conftest import vendored_selector
 
 # --- vLLM's rules, hand-checked against the source -------------------------------------------------
 # fa_utils.get_flash_attn_version as vLLM PR #42669 left it
@@ -228,12 +228,8 @@ def embedded():
 def embedded_selector(embedded, tmp_path_factory):
     """The selector generated from the embedded matrix as it is now (`attnmatrix check` keeps the committed
     attnmatrix/selector.py byte-identical to this)."""
-    path = tmp_path_factory.mktemp("sel") / "embedded_selector.py"
-    path.write_text(render_selector(embedded, {"matrix_id": "embedded"}), encoding="utf-8")
-    spec = importlib.util.spec_from_file_location("embedded_selector", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return vendored_selector(render_selector(embedded, {"matrix_id": "embedded"}), tmp_path_factory.mktemp("sel"),
+                             "embedded_selector")
 
 
 def test_embedded_matrix_first_choice_supported_never_rejected_and_fastest(embedded, embedded_selector):
