@@ -63,6 +63,15 @@ BACKEND_MODULES: dict[str, str] = {
     "fake_oom": "attnmatrix.kernels.fakes:OOM",
     "fake_device_fault": "attnmatrix.kernels.fakes:DEVICE_FAULT",
     "fake_chaos": "attnmatrix.kernels.fakes:CHAOS",
+    "fake_ignores_causal": "attnmatrix.kernels.fakes:IGNORES_CAUSAL",
+    "fake_ignores_sliding_window": "attnmatrix.kernels.fakes:IGNORES_SLIDING_WINDOW",
+    "fake_ignores_softcap": "attnmatrix.kernels.fakes:IGNORES_SOFTCAP",
+    "fake_ignores_alibi": "attnmatrix.kernels.fakes:IGNORES_ALIBI",
+    "fake_ignores_sinks": "attnmatrix.kernels.fakes:IGNORES_SINKS",
+    "fake_ignores_gqa": "attnmatrix.kernels.fakes:IGNORES_GQA",
+    "fake_ignores_varlen": "attnmatrix.kernels.fakes:IGNORES_VARLEN",
+    "fake_ignores_paged_kv": "attnmatrix.kernels.fakes:IGNORES_PAGED_KV",
+    "fake_ignores_fp8": "attnmatrix.kernels.fakes:IGNORES_FP8",
 }
 
 

@@ -75,6 +75,9 @@ def device_provenance(device: str = "cuda") -> dict:
         peak = os.environ.get("ATTNMATRIX_MATMUL_PEAK_TFLOPS")
         if peak:
             prov["matmul_peak_tflops"] = peak
+            how = os.environ.get("ATTNMATRIX_MATMUL_PEAK_METHOD")
+            if how:  # which size reached it, and what the others reached
+                prov["matmul_peak_method"] = how
     else:
         prov.update({"device": _cpu_name(), "cpu_threads": str(torch.get_num_threads())})
     return prov

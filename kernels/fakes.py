@@ -13,10 +13,12 @@ import time
 from collections.abc import Callable
 
 import torch
+from attnmatrix.matrix.cases import FEATURES
 
 from .base import Backend
 from .problem import Problem
 from .reference import reference_attention
+from .sensitivity import active_features, ignoring
 
 
 def _segfault(p: Problem) -> Callable[[], torch.Tensor]:
@@ -129,3 +131,33 @@ def _chaos(p: Problem) -> Callable[[], torch.Tensor]:
 
 
 CHAOS = Backend("fake_chaos", "torch", "cpu", ("torch",), _chaos, _entry)
+
+
+# --- fake_ignores_<feature>: right in every way but one ---------------------------------------------------
+#
+# Each computes the reference answer of the problem it is given, except that it drops one feature the
+# way a kernel could (kernels/sensitivity.py: the first way listed for that feature). Validation must
+# record every case that asks for that feature `wrong` (unless the feature cannot change the answer,
+# as a causal mask over one decode token) and every other case `pass`.
+
+def _ignores(feature: str) -> Callable[[Problem], Callable[[], torch.Tensor]]:
+    def prepare(p: Problem) -> Callable[[], torch.Tensor]:
+        if feature not in active_features(p):
+            return _correct(p)
+        _, output = ignoring(p, feature)[0]
+        return lambda: output(torch.float32).to(p.out_dtype)
+
+    return prepare
+
+
+IGNORES = {f: Backend(f"fake_ignores_{f}", "torch", "cpu", ("torch",), _ignores(f), _entry) for f in FEATURES}
+# One attribute per fake, as the backend table names them (kernels/base.py).
+IGNORES_CAUSAL = IGNORES["causal"]
+IGNORES_SLIDING_WINDOW = IGNORES["sliding_window"]
+IGNORES_SOFTCAP = IGNORES["softcap"]
+IGNORES_ALIBI = IGNORES["alibi"]
+IGNORES_SINKS = IGNORES["sinks"]
+IGNORES_GQA = IGNORES["gqa"]
+IGNORES_VARLEN = IGNORES["varlen"]
+IGNORES_PAGED_KV = IGNORES["paged_kv"]
+IGNORES_FP8 = IGNORES["fp8"]

@@ -18,9 +18,9 @@ from attnmatrix.matrix.records import Record, Timing
 from .base import Backend, load_backend
 from .env import device_provenance, package_version
 from .flops import problem_flops
-from .problem import CPU_TIMING_SHAPES, TIMING_SHAPES, VALIDATION_SHAPES, Problem, Unsupported, make_problem
+from .problem import CPU_TIMING_SHAPES, RECIPE, TIMING_SHAPES, VALIDATION_SHAPES, Problem, Unsupported, make_problem
 from .reference import compare, reference_attention
-from .timing import exclusive_gpu, time_ms
+from .timing import exclusive_gpu, measure
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -154,11 +154,12 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
         else:
             what = f"max abs error {err['max_abs_err']:.4g} over tolerance"
         return rec("wrong", reason=f"{what} ({err['mismatched']} of {err['elements']} elements off)",
-                   error=err, entry=entry, extra={"seconds": seconds})
+                   error=err, entry=entry, extra={"seconds": seconds, "problem": RECIPE.version})
     seconds["check"] = round(time.perf_counter() - started, 3)
     started = time.perf_counter()
     timings: list[Timing] = []
     untimed: dict[str, str] = {}
+    uncaptured: dict[str, str] = {}
     lock_wait = 0.0
     if config.timing and case.dtype in config.timed_dtypes:
         shapes = TIMING_SHAPES if device == "cuda" else CPU_TIMING_SHAPES
@@ -170,7 +171,7 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
                 tfn()  # first call outside the lock: JIT compiles may take seconds
                 with exclusive_gpu() as waited:
                     lock_wait += waited.seconds
-                    ms = time_ms(tfn, device=device, budget_ms=config.budget_ms)
+                    m = measure(tfn, device=device, budget_ms=config.budget_ms)
             except Exception as e:  # noqa: BLE001 - a shape the kernel refuses is noted, not fatal
                 if device_fault(e):  # a fault is no refusal: the kernel broke at this size, and the context with it
                     return rec("crash", reason=f"kernel fault at timed shape {shape.name} (the check shape passed): "
@@ -180,16 +181,24 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
                 continue
             finally:
                 del tp
-            tflops = flops / (ms * 1e-3) / 1e12
-            timings.append(Timing(shape.name, round(ms, 5), round(tflops, 3)))
+            # Ranked by GPU time; the host's cost per call is kept beside it.
+            tflops = flops / (m.gpu_ms * 1e-3) / 1e12
+            timings.append(Timing(shape.name, round(m.gpu_ms, 5), round(tflops, 3),
+                                  None if m.host_ms is None else round(m.host_ms, 5), m.method))
+            if m.note:
+                uncaptured[shape.name] = m.note
             if device == "cuda":
                 torch.cuda.empty_cache()
     if timings or untimed:
         seconds["timing"] = round(time.perf_counter() - started, 3)
         if lock_wait:  # part of "timing": other workers' timed loops on this GPU
             seconds["gpu_lock_wait"] = round(lock_wait, 3)
-    extra: dict = {"seconds": seconds}
+    # Which validation problem this pass was judged on (kernels/problem.py: version 2 and later can
+    # tell every feature applied from ignored; kernels/sensitivity.py).
+    extra: dict = {"seconds": seconds, "problem": RECIPE.version}
     if untimed:
         extra["untimed"] = untimed
+    if uncaptured:  # timed by back-to-back launches instead of a CUDA graph, and why
+        extra["not_captured"] = uncaptured
     return rec("pass", error=err, timings=tuple(timings), entry=entry, extra=extra)
 

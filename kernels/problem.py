@@ -8,7 +8,13 @@ the same problem" holds by construction. Conventions follow flash-attention's, w
   (query i sees key j iff j <= i + seqlen_k - seqlen_q), so one decode token sees the whole cache;
 - window (left, right) keeps keys j with i' - left <= j <= i' + right, i' the aligned query index;
 - softcap: scores <- softcap * tanh(scores / softcap), after scaling, before masking;
-- ALiBi adds -slope * |i' - j|; sinks are one extra logit per head in the softmax denominator.
+- ALiBi adds -slope * |i' - j|; sinks are one extra logit per head in the softmax denominator;
+- fp8: q, k, v are e4m3 and stand for `descale * value` (the kernel's q/k/v descales).
+
+Every input is built so that a kernel that ignores a requested feature gets a visibly different answer
+(kernels/sensitivity.py measures it; tests hold every feature to >= 10x the tolerance): logits are
+spread (std LOGIT_STD) so masks, ALiBi and the cap change which keys win; the cap is low enough to
+bite; sink logits sit near a row's log-sum-exp; windows cut most of a row; fp8 descales are not 1.
 """
 
 from __future__ import annotations
@@ -23,8 +29,43 @@ from attnmatrix.matrix.cases import Case
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 WINDOW = 256  # left window of sliding-window cases (right = 0, as in causal local attention)
-SOFTCAP = 30.0
 GQA_RATIO = 4
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a problem's values are drawn. Records say which version validated them (`extra.problem`);
+    a record without it was validated on version 1."""
+
+    version: int
+    # Standard deviation of the scaled logits q.k * scale. At 1, attention over hundreds of keys is
+    # nearly uniform and averages away what a mask, a bias or a cap changes; at 3 a few keys win in
+    # each row, and which ones is what every feature decides.
+    logit_std: float
+    # A cap bites where |score| is near it: with logits of std 3, a cap of 5 changes most rows. It is
+    # also small enough that a kernel's approximate tanh (error ~2^-11 of the cap) stays far inside
+    # float16's tolerance.
+    softcap: float
+    # Sink logits centred near the largest of a row's logits (logit_std * sqrt(2 ln seqlen_k)), so a
+    # sink takes a share of every row, from most of it to little, head by head; else N(0, 1).
+    sinks_near_row_max: bool
+    # fp8 descales (q, k, v): not 1, so a kernel that drops one of them is off by far more than the
+    # tolerance (v's is below 1: dropping it makes the output larger, which the relative tolerance
+    # cannot absorb); powers of two, so `value / descale` loses nothing before the e4m3 cast.
+    fp8_descale: tuple[float, float, float]
+    shape_windows: bool  # the window is the shape's (validation shapes cut most of a row); else WINDOW
+
+
+# Version 1 could not tell a kernel that ignores a softcap, a sink or fp8 descales from a right one on
+# some cells (kernels/sensitivity.py measures it); version 2 can, for every feature of the case space.
+RECIPE_V1 = Recipe(1, logit_std=1.0, softcap=30.0, sinks_near_row_max=False, fp8_descale=(1.0, 1.0, 1.0),
+                   shape_windows=False)
+RECIPE = Recipe(2, logit_std=3.0, softcap=5.0, sinks_near_row_max=True, fp8_descale=(2.0, 2.0, 0.25),
+                shape_windows=True)
+RECIPES = {r.version: r for r in (RECIPE_V1, RECIPE)}
+SOFTCAP = RECIPE.softcap
+LOGIT_STD = RECIPE.logit_std
+FP8_DESCALE = RECIPE.fp8_descale
 
 
 class Unsupported(Exception):
@@ -42,6 +83,7 @@ class Shape:
     seqlen_k: int
     heads_q: int
     heads_kv: int
+    window: int = WINDOW  # left window of a sliding-window case on this shape
 
 
 @dataclass
@@ -133,7 +175,7 @@ class Problem:
 
 
 def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu", seed: int = 0,
-                 draw_on_device: bool = False) -> Problem:
+                 draw_on_device: bool = False, recipe: Recipe = RECIPE) -> Problem:
     """Fresh random inputs for a case (never zeros: zeros hide wrong kernels and flatter timings).
 
     By default the values are drawn on the CPU, so a validation problem is the same on every device.
@@ -147,12 +189,13 @@ def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu"
     hq = shape.heads_q
     hkv = max(1, hq // GQA_RATIO) if case.has("gqa") else shape.heads_kv
 
-    def rnd(*s: int) -> torch.Tensor:
+    def rnd(*s: int, std: float = 1.0) -> torch.Tensor:
         if gen_device.type != "cpu":  # straight in the kernel's dtype: no float32 copy of a large cache
-            return torch.randn(*s, generator=g, device=gen_device, dtype=dtype)
-        return torch.randn(*s, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
+            t = torch.randn(*s, generator=g, device=gen_device, dtype=dtype)
+            return t.mul_(std) if std != 1.0 else t
+        return (torch.randn(*s, generator=g, dtype=torch.float32) * std).to(device=device, dtype=dtype)
 
-    q = rnd(shape.batch, shape.seqlen_q, hq, case.head_dim)
+    q = rnd(shape.batch, shape.seqlen_q, hq, case.head_dim, std=recipe.logit_std)  # q.k/sqrt(d) ~ N(0, std^2)
     k = rnd(shape.batch, shape.seqlen_k, hkv, case.head_dim)
     v = rnd(shape.batch, shape.seqlen_k, hkv, case.head_dim_v)
     seqlens_q = seqlens_k = None
@@ -167,17 +210,22 @@ def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu"
     alibi = None
     if case.has("alibi"):
         alibi = torch.tensor([2 ** (-8 * (h + 1) / hq) for h in range(hq)], dtype=torch.float32, device=device)
-    sinks = torch.randn(hq, generator=g, device=gen_device).to(device) if case.has("sinks") else None
+    sinks = None
+    if case.has("sinks"):
+        sinks = torch.randn(hq, generator=g, device=gen_device)
+        if recipe.sinks_near_row_max:
+            sinks += recipe.logit_std * math.sqrt(2 * math.log(max(2, shape.seqlen_k)))
+        sinks = sinks.to(device)
     descale = None
     if case.has("fp8"):
         fp8 = torch.float8_e4m3fn
-        q, k, v = (t.to(fp8) for t in (q, k, v))
-        descale = (1.0, 1.0, 1.0)
+        descale = recipe.fp8_descale
+        q, k, v = ((t / d).to(fp8) for t, d in zip((q, k, v), descale, strict=True))
     causal = case.has("causal") or case.op == "mla_prefill"
-    window = (WINDOW, 0) if case.has("sliding_window") else None
+    window = ((shape.window if recipe.shape_windows else WINDOW), 0) if case.has("sliding_window") else None
     return Problem(
         case=case, shape=shape, q=q, k=k, v=v, scale=1.0 / math.sqrt(case.head_dim), causal=causal,
-        window=window, softcap=SOFTCAP if case.has("softcap") else 0.0, alibi_slopes=alibi, sinks=sinks,
+        window=window, softcap=recipe.softcap if case.has("softcap") else 0.0, alibi_slopes=alibi, sinks=sinks,
         seqlens_q=seqlens_q, seqlens_k=seqlens_k, page_size=case.page_size, fp8=case.has("fp8"),
         descale=descale,
     )
@@ -185,8 +233,10 @@ def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu"
 
 # Shapes: a small one for validation against the reference, larger ones for timing. MLA prefill is
 # timed on the same shapes as prefill, so the two read side by side.
-_VAL_PREFILL = Shape("val", 2, 300, 300, 8, 8)
-VALIDATION_SHAPES = {"prefill": _VAL_PREFILL, "mla_prefill": _VAL_PREFILL, "decode": Shape("val", 4, 1, 700, 8, 8)}
+# Their windows cut most of each row's keys (a window that cuts little cannot tell a kernel that drops it).
+_VAL_PREFILL = Shape("val", 2, 300, 300, 8, 8, window=64)
+VALIDATION_SHAPES = {"prefill": _VAL_PREFILL, "mla_prefill": _VAL_PREFILL,
+                     "decode": Shape("val", 4, 1, 700, 8, 8, window=192)}
 _PREFILL = [Shape("b1_s8192", 1, 8192, 8192, 16, 16), Shape("b8_s2048", 8, 2048, 2048, 16, 16),
             Shape("b32_s512", 32, 512, 512, 16, 16)]
 TIMING_SHAPES = {

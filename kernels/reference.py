@@ -30,12 +30,13 @@ def reference_attention(p: Problem, *, dtype: torch.dtype = torch.float32) -> to
     """Output (B, Sq, Hq, Dv) in `dtype`. Rows past a varlen sequence's end are zero."""
     b, sq_pad, hq, _ = p.q.shape
     hkv = p.k.shape[2]
+    dq, dk, dv = p.descale if p.descale is not None else (1.0, 1.0, 1.0)
     out = torch.zeros(b, sq_pad, hq, p.v.shape[-1], dtype=dtype, device=p.q.device)
     for bi in range(b):
         sq, sk = p.valid_q(bi), p.valid_k(bi)
-        q = p.q[bi, :sq].to(dtype).transpose(0, 1)  # (Hq, sq, D)
-        k = p.k[bi, :sk].to(dtype).transpose(0, 1)
-        v = p.v[bi, :sk].to(dtype).transpose(0, 1)
+        q = (p.q[bi, :sq].to(dtype) * dq).transpose(0, 1)  # (Hq, sq, D)
+        k = (p.k[bi, :sk].to(dtype) * dk).transpose(0, 1)
+        v = (p.v[bi, :sk].to(dtype) * dv).transpose(0, 1)
         if hkv != hq:  # grouped-query attention: each kv head serves hq // hkv query heads
             k = k.repeat_interleave(hq // hkv, dim=0)
             v = v.repeat_interleave(hq // hkv, dim=0)

@@ -22,13 +22,14 @@ import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from attnmatrix.matrix.cases import Case
 from attnmatrix.matrix.records import Record, parse_record
 from attnmatrix.matrix.storage import ResultStore
 
 from .probe import ProbeConfig
+from .timing import PEAK_ENV, peak_env
 
 
 @dataclass
@@ -202,6 +203,10 @@ def run_cases(
     t0 = time.monotonic()
     summary = RunSummary()
     todo: deque[Case] = deque(pending_cases(cases, store, summary))
+    if todo and cfg.device == "cuda" and cfg.probe.timing and PEAK_ENV not in {**os.environ, **cfg.extra_env}:
+        # This run's matmul ceiling, measured once before any worker holds the GPU, so each record's
+        # TFLOP/s reads as a fraction of what this GPU reached today (kernels.timing.matmul_peak).
+        cfg = replace(cfg, extra_env={**cfg.extra_env, **peak_env(cfg.gpus[0] if cfg.gpus else None)})
     # Several workers may share a GPU (JIT compiles are CPU-bound); at least one per GPU.
     nslots = max(1, cfg.workers, len(cfg.gpus or ()))
     slots: list[_Worker | None] = [None] * nslots

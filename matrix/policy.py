@@ -108,6 +108,11 @@ class ResolvedCell:
         return self.winner.tflops if self.winner and self.status == SUPPORTED else None
 
     @property
+    def host_ms(self) -> float | None:
+        """The host's time per call beside `latency_ms` (GPU time): None for records timed before it was kept."""
+        return self.winner.host_ms if self.winner and self.status == SUPPORTED else None
+
+    @property
     def kernel_version(self) -> str | None:
         return self.winner.kernel_version if self.winner else None
 
@@ -126,7 +131,8 @@ class ResolvedCell:
             "arch": c.arch, "backend": c.backend, "op": c.op, "dtype": c.dtype, "head_dim": c.head_dim,
             "head_dim_v": c.head_dim_v, "features": list(c.features), "status": self.status,
             "outcome": self.outcome, "tier": self.tier, "reason": self.reason,
-            "error": w.error if w else None, "latency_ms": self.latency_ms, "tflops": self.tflops,
+            "error": w.error if w else None, "latency_ms": self.latency_ms, "host_ms": self.host_ms,
+            "tflops": self.tflops,
             "timings": [t.to_dict() for t in w.timings] if w and self.status == SUPPORTED else [],
             "kernel_version": self.kernel_version, "sources": self.sources, "conflicts": self.conflicts,
             "evidence": [describe(r) for r in self.evidence],

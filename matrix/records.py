@@ -46,18 +46,32 @@ class RecordError(ValueError):
         super().__init__("; ".join(f"{f}: {m}" for f, m in problems))
 
 
+# How a latency was measured (kernels/timing.py): GPU time from a replayed CUDA graph, or from calls
+# launched back to back; wall time on a CPU. A timing without a method is from one CUDA-event pair and
+# a synchronize around each call: the host's launch cost is inside it.
+TIMING_METHODS = ("cuda_graph", "launches", "wall")
+
+
 @dataclass(frozen=True)
 class Timing:
-    """One timed shape. `tflops` counts only unmasked work (see kernels.flops)."""
+    """One timed shape. `latency_ms` is the GPU's time per call (wall time on a CPU); `host_ms` the
+    host's time for one call to return, issued back to back (its launch overhead). `tflops` counts
+    only unmasked work (see kernels.flops)."""
 
     shape: str
     latency_ms: float
     tflops: float | None = None
+    host_ms: float | None = None
+    method: str | None = None
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"shape": self.shape, "latency_ms": self.latency_ms}
         if self.tflops is not None:
             d["tflops"] = self.tflops
+        if self.host_ms is not None:
+            d["host_ms"] = self.host_ms
+        if self.method is not None:
+            d["method"] = self.method
         return d
 
 
@@ -94,11 +108,12 @@ class Record:
 
     @property
     def tflops(self) -> float | None:
-        vals = sorted(t.tflops for t in self.timings if t.tflops is not None)
-        if not vals:
-            return None
-        mid = len(vals) // 2
-        return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+        return _median([t.tflops for t in self.timings if t.tflops is not None])
+
+    @property
+    def host_ms(self) -> float | None:
+        """Median host time per call over the timed shapes that recorded it."""
+        return _median([t.host_ms for t in self.timings if t.host_ms is not None])
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"schema": SCHEMA_VERSION, "case": self.case.to_dict(), "outcome": self.outcome,
@@ -119,6 +134,14 @@ class Record:
     @classmethod
     def from_dict(cls, d: Any) -> Record:
         return parse_record(d)
+
+
+def _median(vals: list[float]) -> float | None:
+    vals = sorted(vals)
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
 
 
 def _is_number(v: Any) -> bool:
@@ -200,7 +223,15 @@ def parse_record(d: Any) -> Record:
         if tf is not None and (not _is_number(tf) or tf < 0):
             problems.append((f"timings[{i}].tflops", f"{tf!r} is not a non-negative number"))
             continue
-        timings.append(Timing(t["shape"], float(lat), None if tf is None else float(tf)))
+        host, method = t.get("host_ms"), t.get("method")
+        if host is not None and (not _is_number(host) or host < 0):
+            problems.append((f"timings[{i}].host_ms", f"{host!r} is not a non-negative number"))
+            continue
+        if method is not None and method not in TIMING_METHODS:
+            problems.append((f"timings[{i}].method", f"{method!r} is not one of {', '.join(TIMING_METHODS)}"))
+            continue
+        timings.append(Timing(t["shape"], float(lat), None if tf is None else float(tf),
+                              None if host is None else float(host), method))
     if timings and outcome != "pass":
         problems.append(("timings", f"only a 'pass' can be timed, this record is {outcome!r}"))
     sources = d.get("sources", [])

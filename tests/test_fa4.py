@@ -9,7 +9,7 @@ import pytest
 import torch
 from attnmatrix.kernels import fa4
 from attnmatrix.kernels.base import load_backend
-from attnmatrix.kernels.problem import VALIDATION_SHAPES, Problem, Shape, Unsupported, make_problem
+from attnmatrix.kernels.problem import SOFTCAP, VALIDATION_SHAPES, Problem, Shape, Unsupported, make_problem
 from attnmatrix.matrix.cases import Case
 
 
@@ -47,8 +47,8 @@ def test_dense_causal():
 def test_window_softcap_sinks_gqa():
     p = problem("sliding_window")
     kw = fa4.build_call(p).kwargs
-    assert kw["causal"] is False and kw["window_size"] == (256, 0)
-    assert fa4.build_call(problem("causal", "softcap")).kwargs["softcap"] == 30.0
+    assert kw["causal"] is False and kw["window_size"] == p.window and p.window[1] == 0
+    assert fa4.build_call(problem("causal", "softcap")).kwargs["softcap"] == SOFTCAP
     p = problem("causal", "sinks")
     sink = fa4.build_call(p).kwargs["learnable_sink"]
     assert sink is p.sinks and sink.dtype == torch.float32 and sink.shape == (p.q.shape[2],)
@@ -99,6 +99,7 @@ def test_paged_kv(varlen):
 
 def test_fp8_goes_through_without_descale():
     p = problem("causal", "fp8")
+    p.descale = (1.0, 1.0, 1.0)  # unit descales are no descale: FA4's public API can take the case
     call = fa4.build_call(p)
     assert all(t.dtype == torch.float8_e4m3fn for t in call.args)
     assert not any("descale" in k for k in call.kwargs)
@@ -114,6 +115,9 @@ def test_non_unit_descale_is_unsupported():
     p.descale = (0.5, 1.0, 1.0)
     with pytest.raises(Unsupported, match="q_descale"):
         fa4.build_call(p)
+    # The validation problem's descales are not 1 (a check with unit descales cannot see them dropped).
+    with pytest.raises(Unsupported, match="q_descale"):
+        fa4.build_call(problem("causal", "fp8"))
 
 
 def test_head_dims_pass_through_unchanged():

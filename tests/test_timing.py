@@ -1,0 +1,135 @@
+"""Timing: GPU time apart from host time, a peak that is a peak, and records that keep both.
+
+The pure parts run here; what needs a GPU is marked `gpu` (run on the H200: `pytest -m gpu`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import torch
+from attnmatrix.kernels import timing
+from attnmatrix.kernels.probe import ProbeConfig, probe_case
+from attnmatrix.kernels.timing import GRAPH, LAUNCHES, WALL, Peak, find_peak, measure
+from attnmatrix.matrix.cases import Case
+from attnmatrix.matrix.policy import resolve_cell
+from attnmatrix.matrix.records import TIMING_METHODS, RecordError, parse_record
+
+
+def test_the_record_and_the_timer_name_the_same_methods():
+    assert set(TIMING_METHODS) == set(timing.TIMING_METHODS)
+
+
+def test_cpu_measure_is_wall_time_without_host_figure():
+    m = measure(lambda: torch.ones(64, 64) @ torch.ones(64, 64), device="cpu", budget_ms=5, min_reps=3)
+    assert m.method == WALL and m.host_ms is None and m.gpu_ms > 0 and m.reps >= 3 and m.calls == 1
+
+
+def test_find_peak_runs_until_the_rate_stops_rising():
+    rates = iter([100, 300, 600, 700, 702, 701, 703, 650, 10_000])
+    best, calls = find_peak(lambda: next(rates), rise=0.005, patience=3, max_s=1e9)
+    # 700 -> 702, 701, 703 are all within 0.5%: three flat calls after the last real rise, then stop
+    assert (best, calls) == (703, 7)
+
+
+def test_find_peak_gives_up_after_max_s():
+    clock = itertools.count(0.0, 1.0)  # each look at the clock is one second later
+    best, calls = find_peak(itertools.count(1.0).__next__, max_s=5.0, clock=lambda: next(clock))
+    assert calls < 6 and best == calls
+
+
+def test_peak_provenance_names_the_size_and_the_others():
+    prov = Peak(777.04, 4096, {4096: 777.04, 8192: 668.2}).provenance()
+    assert prov == {"matmul_peak_tflops": "777.0",
+                    "matmul_peak_method": "bf16 n=4096, best of sizes 4096:777, 8192:668"}
+
+
+def test_cpu_peak_is_measured_on_small_sizes():
+    peak = timing.matmul_peak("cpu", max_s_per_size=0.3)
+    assert set(peak.detail) == {512, 1024} and peak.tflops == max(peak.detail.values()) > 0
+
+
+# --- records -------------------------------------------------------------------------------------------------
+
+def test_host_time_and_method_round_trip(make_record):
+    d = make_record(latency_ms=[0.5, 1.0, 2.0])
+    for t, host in zip(d["timings"], (0.3, 0.2, 0.25), strict=True):
+        t.update(host_ms=host, method="cuda_graph")
+    rec = parse_record(d)
+    assert rec.latency_ms == 1.0 and rec.host_ms == 0.25
+    assert rec.to_dict()["timings"][0] == {"shape": "s0", "latency_ms": 0.5, "tflops": 100.0, "host_ms": 0.3,
+                                           "method": "cuda_graph"}
+    cell = resolve_cell([rec]).to_json()
+    assert cell["latency_ms"] == 1.0 and cell["host_ms"] == 0.25
+
+
+def test_records_timed_before_host_time_still_read(make_record):
+    rec = parse_record(make_record(latency_ms=[1.0, 2.0]))
+    assert rec.host_ms is None and rec.timings[0].method is None and "host_ms" not in rec.to_dict()["timings"][0]
+    assert resolve_cell([rec]).to_json()["host_ms"] is None
+
+
+@pytest.mark.parametrize("field,value", [("host_ms", -1.0), ("host_ms", "fast"), ("method", "stopwatch")])
+def test_bad_timing_fields_are_named(make_record, field, value):
+    d = make_record(latency_ms=1.0)
+    d["timings"][0][field] = value
+    with pytest.raises(RecordError) as e:
+        parse_record(d)
+    assert [f for f, _ in e.value.problems] == [f"timings[0].{field}"]
+
+
+def test_a_cpu_probe_records_wall_time_and_its_problem_version():
+    case = Case("cpu", "sdpa_cpu", "prefill", "bfloat16", 32, 32, ("causal",))
+    rec = probe_case(case, ProbeConfig(budget_ms=2.0))
+    assert rec.outcome == "pass", rec.reason
+    assert rec.timings and all(t.method == WALL and t.host_ms is None for t in rec.timings)
+    assert rec.extra["problem"] == 2
+
+
+# --- on a GPU --------------------------------------------------------------------------------------------------
+
+def _do_bench(fn) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+@pytest.mark.gpu
+def test_graph_time_agrees_with_do_bench():
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    m = measure(lambda: a @ a, device="cuda")
+    assert m.method == GRAPH and m.note is None
+    assert 0.85 <= m.gpu_ms / _do_bench(lambda: a @ a) <= 1.15
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("capture", [True, False])
+def test_host_overhead_is_kept_out_of_gpu_time(capture):
+    """A wrapper that spends 2 ms in Python before a tiny kernel: the GPU time stays tiny, the host
+    time shows the 2 ms, with the graph and with back-to-back launches alike."""
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_wrapper():
+        time.sleep(0.002)
+        return x.add_(1)
+
+    m = measure(slow_wrapper, device="cuda", budget_ms=20, capture=capture)
+    assert m.method == (GRAPH if capture else LAUNCHES)
+    assert m.host_ms >= 2.0 and m.gpu_ms < 0.2, m
+
+
+@pytest.mark.gpu
+def test_a_call_that_synchronises_is_timed_by_launches_and_says_why():
+    x = torch.zeros(1024, device="cuda")
+    m = measure(lambda: float(x.add_(1).sum()), device="cuda", budget_ms=10)
+    assert m.method == LAUNCHES and m.note and m.note.startswith("not captured")
+    torch.cuda.synchronize()  # the failed capture left the device usable
+
+
+@pytest.mark.gpu
+def test_the_peak_is_the_best_size_after_warm_up():
+    peak = timing.matmul_peak("cuda", sizes=(4096, 8192), max_s_per_size=3.0)
+    assert peak.tflops == max(peak.detail.values()) and peak.n in (4096, 8192)
+    assert peak.tflops > 100
