@@ -90,6 +90,7 @@ def _probe(cases: list[Case], out: Path, args: argparse.Namespace) -> dict:
     import torch
     from attnmatrix.kernels.probe import ProbeConfig
     from attnmatrix.kernels.runner import RunnerConfig, run_cases
+    from attnmatrix.kernels.timing import peak_env
     from attnmatrix.matrix.storage import ResultStore
 
     if not torch.cuda.is_available():
@@ -100,8 +101,10 @@ def _probe(cases: list[Case], out: Path, args: argparse.Namespace) -> dict:
     skipped = Counter(c.backend for c in cases if why[c.backend])
     todo = [c for c in cases if not why[c.backend]]
     ngpu = torch.cuda.device_count()
+    # The run's matmul ceiling, once (the runner would measure it again for every slice).
+    peak = peak_env(0) if todo else {}
     cfg = RunnerConfig(workers=args.workers or 4 * ngpu, timeout_s=args.timeout, device="cuda",
-                       gpus=list(range(ngpu)), probe=ProbeConfig(run_id=args.run_id))
+                       gpus=list(range(ngpu)), probe=ProbeConfig(run_id=args.run_id), extra_env=peak)
     deadline = time.monotonic() + args.limit_s
     started = time.monotonic()
     done = Counter()
@@ -114,7 +117,8 @@ def _probe(cases: list[Case], out: Path, args: argparse.Namespace) -> dict:
                                 progress=lambda r: print(f"{r.outcome:8} {r.key}", file=sys.stderr, flush=True))
             done.update(summary.outcomes)
         left = sum(1 for c in todo if c.key not in store)
-    return {"cases": len(cases), "probed_now": dict(done), "left": left, "wall_s": round(time.monotonic() - started, 1),
+    return {"cases": len(cases), "probed_now": dict(done), "matmul_peak": peak,
+            "left": left, "wall_s": round(time.monotonic() - started, 1),
             "not_installed": {b: n for b, n in skipped.items()}, "why_not_installed": {b: why[b] for b in skipped},
             "out": str(out)}
 
@@ -141,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("blind", help="list the committed passes whose validation could not discriminate")
     b.add_argument("--arch", default="sm_90")
+    b.add_argument("--results", type=Path, default=RESULTS_DIR, help="committed result files (default: %(default)s)")
     b.add_argument("-o", "--output", help="write the list here (JSON Lines; default: stdout)")
     b.add_argument("--device", default="cpu", help="where the references are computed (cuda is faster; "
                    "the problems' values are drawn on the CPU either way)")
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         def progress(i: int, n: int) -> None:
             print(f"\r{i}/{n} passes checked", end="", file=sys.stderr, flush=True)
 
-        rows = blind_cases(args.arch, device=args.device, progress=progress)
+        rows = blind_cases(args.arch, args.results, device=args.device, progress=progress)
         print(file=sys.stderr)
         text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
         if args.output:
