@@ -185,3 +185,43 @@ def validation_effects(case: Case, *, seed: int = 0, dtype: torch.dtype = torch.
 def blind_features(case: Case, *, seed: int = 0, recipe: Recipe = RECIPE, device: str = "cpu") -> list[Effect]:
     """The effects of `case`'s validation that fall under the bar: what a `pass` of it cannot vouch for."""
     return [e for e in validation_effects(case, seed=seed, recipe=recipe, device=device) if not e.discriminates]
+
+
+def weakest(cases: Iterable[Case], *, recipe: Recipe = RECIPE, device: str = "cpu") -> dict[tuple, tuple]:
+    """Per (feature, op, dtype): the smallest margin over `cases` and the case it came from (exempt
+    features are listed with margin None only where no case measured them)."""
+    worst: dict[tuple, tuple] = {}
+    for case in cases:
+        for e in validation_effects(case, recipe=recipe, device=device):
+            k = (e.feature, case.op, case.dtype)
+            if e.exempt:
+                worst.setdefault(k, (None, case.key, e.exempt))
+            elif k not in worst or worst[k][0] is None or e.margin < worst[k][0]:
+                worst[k] = (e.margin, case.key, e.variant)
+    return worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the weakest margin of every feature x op x dtype over the standard case space."""
+    import argparse
+
+    from attnmatrix.kernels.problem import RECIPES
+    from attnmatrix.matrix.cases import case_space
+
+    ap = argparse.ArgumentParser(prog="python -m attnmatrix.kernels.sensitivity", description=main.__doc__)
+    ap.add_argument("--recipe", type=int, default=RECIPE.version, choices=sorted(RECIPES))
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    worst = weakest(case_space(["cpu"], ["x"]), recipe=RECIPES[args.recipe], device=args.device)
+    print(f"validation problem version {args.recipe}: weakest margin (x tolerance, bar {BAR:g}) per feature, op, dtype")
+    under = 0
+    for (feature, op, dtype), (margin, key, how) in sorted(worst.items()):
+        shown = "exempt" if margin is None else f"{margin:8.1f}"
+        under += margin is not None and margin < BAR
+        print(f"{feature:15} {op:12} {dtype:9} {shown:>8}  {key.split('/', 2)[2]}  ({how})")
+    print(f"{under} of {len(worst)} under the bar")
+    return 1 if under else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

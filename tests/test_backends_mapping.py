@@ -17,7 +17,7 @@ import pytest
 import torch
 from attnmatrix.kernels.base import load_backend
 from attnmatrix.kernels.probe import ProbeConfig, probe_case
-from attnmatrix.kernels.problem import WINDOW, Shape, Unsupported, make_problem
+from attnmatrix.kernels.problem import SOFTCAP, WINDOW, Shape, Unsupported, make_problem
 from attnmatrix.kernels.reference import compare, reference_attention
 from attnmatrix.kernels.sdpa import _mask, _torch_reasons
 from attnmatrix.matrix.cases import Case
@@ -131,7 +131,7 @@ def test_fa2_window_softcap_alibi_gqa(fake_fa2):
     fa2.prepare(pg)()
     (_, _, win), (_, _, cap), (_, _, ali), (_, gargs, _) = fake_fa2.calls
     assert tuple(win["window_size"]) == (WINDOW, 0) and win["causal"] is False
-    assert cap["softcap"] == 30.0 and cap["causal"] is True
+    assert cap["softcap"] == SOFTCAP and cap["causal"] is True
     assert ali["alibi_slopes"] is pa.alibi_slopes
     assert ali["alibi_slopes"].dtype == torch.float32 and ali["alibi_slopes"].shape == (4,)
     assert gargs[1].shape[2] == 1 and gargs[0].shape[2] == 4  # kv heads passed as they are
@@ -238,7 +238,7 @@ def test_fa3_causal_window_softcap(fake_fa3):
     fa3.prepare(_problem("fa3", ("sliding_window",)))()
     (name, args, kw), (_, _, win) = fake_fa3.calls
     assert name == "flash_attn_func" and args[0] is p.q
-    assert kw["causal"] is True and kw["softcap"] == 30.0 and kw["softmax_scale"] == p.scale
+    assert kw["causal"] is True and kw["softcap"] == SOFTCAP and kw["softmax_scale"] == p.scale
     assert "alibi_slopes" not in kw and "q_descale" not in kw
     assert tuple(win["window_size"]) == (WINDOW, 0) and win["causal"] is False
     assert out.shape == (2, 24, 4, 32)  # the (out, lse) tuple was unwrapped

@@ -19,7 +19,7 @@ import torch
 from attnmatrix.kernels import flashinfer as fi
 from attnmatrix.kernels import trtllm
 from attnmatrix.kernels.base import load_backend
-from attnmatrix.kernels.problem import VALIDATION_SHAPES, Problem, Unsupported, make_problem
+from attnmatrix.kernels.problem import SOFTCAP, VALIDATION_SHAPES, Problem, Unsupported, make_problem
 from attnmatrix.kernels.reference import reference_attention
 from attnmatrix.matrix.cases import Case
 
@@ -327,10 +327,10 @@ def test_ragged_varlen_and_sinks(fake):
 
 def test_ragged_window_is_causal_plus_left(fake):
     p = problem("trtllm_ragged", "sliding_window")
-    assert p.window == (256, 0) and not p.causal
+    assert p.window[1] == 0 and not p.causal
     run_and_check("trtllm_ragged", p)
     kw = fake.last("trtllm_ragged_attention_deepseek")
-    assert kw["is_causal"] is True and kw["window_left"] == 256
+    assert kw["is_causal"] is True and kw["window_left"] == p.window[0]
 
 
 # ------------------------------------------------------------------ trtllm_context and trtllm_decode
@@ -339,7 +339,7 @@ def test_context_paged_window(fake):
     p = problem("trtllm_context", "sliding_window", "paged_kv:64")
     run_and_check("trtllm_context", p)
     kw = fake.last("trtllm_batch_context_with_kv_cache")
-    assert (kw["causal"], kw["window_left"], kw["window_right"]) == (True, 256, -1)
+    assert (kw["causal"], kw["window_left"], kw["window_right"]) == (True, p.window[0], -1)
     k_cache, v_cache = kw["kv_cache"]
     assert k_cache.shape == (2 * 5, 64, 8, 128) and kw["kv_layout"] == "NHD"
     assert kw["block_tables"].shape == (2, 5) and kw["block_tables"].dtype == torch.int32
@@ -390,12 +390,13 @@ def test_flashinfer_mla_prefill_ragged(fake):
 
 
 def test_flashinfer_window_and_softcap(fake):
-    run_and_check("flashinfer", problem("flashinfer", "sliding_window"))
+    p = problem("flashinfer", "sliding_window")
+    run_and_check("flashinfer", p)
     plan = fake.last("Ragged.plan")
-    assert (plan["causal"], plan["window_left"]) == (True, 256)
+    assert (plan["causal"], plan["window_left"]) == (True, p.window[0])
     run_and_check("flashinfer", problem("flashinfer", "causal", "softcap"))
     plan = fake.last("Ragged.plan")
-    assert plan["logits_soft_cap"] == 30.0 and plan["causal"] is True and plan["window_left"] == -1
+    assert plan["logits_soft_cap"] == SOFTCAP and plan["causal"] is True and plan["window_left"] == -1
 
 
 def test_flashinfer_decode_paged_64(fake):
