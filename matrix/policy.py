@@ -155,7 +155,7 @@ def resolve_cell(records: Sequence[Record]) -> ResolvedCell:
     informative = [r for r in records if r.outcome not in UNINFORMATIVE_OUTCOMES]
     if not informative:
         w = sorted(records, key=_sort_key)[0]
-        return ResolvedCell(case, UNKNOWN, w.outcome, w.tier, w.reason, w, list(records))
+        return ResolvedCell(case, UNKNOWN, w.outcome, w.tier, w.reason, w, sorted(records, key=_sort_key))
     versions = {r.kernel_version for r in informative if r.kernel_version}
     newest = max(versions, key=version_key) if versions else None
     conflicts: list[str] = []
@@ -170,7 +170,9 @@ def resolve_cell(records: Sequence[Record]) -> ResolvedCell:
             why = "same tier, negative wins" if rank(r) == rank(w) else "weaker evidence"
             conflicts.append(f"overruled ({why}): {describe(r)}")
     status = SUPPORTED if is_positive(w) else UNSUPPORTED
-    return ResolvedCell(case, status, w.outcome, w.tier, w.reason, w, list(records), sorted(set(conflicts)))
+    # evidence in policy order, not in the order files were read: a file's name must not change an answer
+    return ResolvedCell(case, status, w.outcome, w.tier, w.reason, w, sorted(records, key=_sort_key),
+                        sorted(set(conflicts)))
 
 
 @dataclass

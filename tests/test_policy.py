@@ -71,12 +71,15 @@ def test_version_key_ignores_local_and_case() -> None:
 def test_newest_version_supersedes(make_rec) -> None:
     old_neg = make_rec(outcome="rejected", kernel_version="4.0.0b36", reason="head_dim 256 unsupported")
     new_pos = make_rec(kernel_version="4.0.0")
+    orders = []
     for records in ([old_neg, new_pos], [new_pos, old_neg]):
         cell = resolve_cell(records)
         assert cell.status == SUPPORTED and cell.winner is new_pos
         assert len(cell.conflicts) == 1 and cell.conflicts[0].startswith("superseded by version 4.0.0: ")
         assert "4.0.0b36" in cell.conflicts[0]
-        assert cell.evidence == records  # every piece of evidence is kept
+        assert sorted(map(id, cell.evidence)) == sorted(map(id, records))  # every piece of evidence is kept
+        orders.append([id(r) for r in cell.evidence])
+    assert orders[0] == orders[1]  # in an order that does not depend on which file was read first
 
     old_pos = make_rec(kernel_version="2.8.3")
     new_neg = make_rec(outcome="crash", kernel_version="2.8.3.post2", reason="illegal memory access")

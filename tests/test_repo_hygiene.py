@@ -91,6 +91,20 @@ def test_evidence_files_are_named_by_what_they_hold():
         assert path.name == naming.evidence_name([str(path)]), "rename it: python scripts/evidence_name.py FILE"
 
 
+def test_the_matrix_does_not_depend_on_file_names_or_their_order(tmp_path):
+    """Evidence files are named for people: the same records under meaningless names, read in the
+    reverse order, resolve to the same matrix."""
+    from attnmatrix.matrix.evidence import load_evidence
+    from attnmatrix.matrix.policy import resolve
+
+    files = sorted((DATA / "results").glob("*.jsonl"))
+    for i, path in enumerate(reversed(files)):
+        shutil.copy(path, tmp_path / f"{i:02d}.jsonl")
+    cells = [{key: cell.to_json() for key, cell in resolve(ev).cells.items()}
+             for ev in (load_evidence(), load_evidence([tmp_path], include_embedded=False))]
+    assert cells[0] == cells[1]
+
+
 def test_no_text_tells_the_story_of_a_run():
     """Comments, docs and data describe the product, never which run, machine loan or search index found what."""
     if shutil.which("git") is None or not (ROOT / ".git").exists():
