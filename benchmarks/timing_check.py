@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--sample", type=int, default=len(CASES), help="cases per backend and dtype (first N of the list)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--peak-sizes", default="4096,8192", help="matmul sizes the peak is sought at")
     args = ap.parse_args(argv)
 
     import torch
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     out_path = args.out or (os.path.join(os.environ["OUT"], "timing_check.jsonl") if os.environ.get("OUT") else None)
     out = open(out_path, "w", encoding="utf-8") if out_path else None  # noqa: SIM115
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
-    peak = matmul_peak("cuda")
+    peak = matmul_peak("cuda", sizes=tuple(int(n) for n in args.peak_sizes.split(",")), max_s_per_size=4.0)
     sizes = ", ".join(f"{n}:{v:.0f}" for n, v in sorted(peak.detail.items()))
     print(f"{torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}; bf16 matmul peak "
           f"{peak.tflops:.0f} TFLOP/s at n={peak.n} (sizes: {sizes})")
