@@ -12,7 +12,8 @@
 #          then install.sh; /tmp/gpu-env.sh sourced)  reprobe-fa4.jsonl, retime-fa4.jsonl
 #   fa2    .gpu/fa2 carried (the built FA2 parts)     timing_check-fa2.jsonl, blind-sm_90.jsonl,
 #                                                   reprobe-fa2.jsonl, retime-fa2.jsonl
-#   fi     FlashInfer installed (scripts/install-flashinfer.sh), if it can be: its blind passes
+#   fi     FlashInfer installed (site/gpu-probing.md: scripts/offline-install.sh, then
+#          `. scripts/flashinfer-env.sh --offline`), if it can be: its blind passes
 #
 # env LIMIT: seconds the re-probe and re-time steps may start cases for (default 90 each; each step is
 # killed 60 s after that, its records safe on disk: a later call resumes). SAMPLE: cases of the timing
