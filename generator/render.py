@@ -26,6 +26,7 @@ from attnmatrix.matrix import policy
 from attnmatrix.matrix.policy import ResolvedMatrix
 
 from . import capabilities as C
+from . import pages as PG
 from . import plots as P
 from . import tables as T
 from . import vllm_comparison as VC
@@ -128,7 +129,7 @@ def html_comment(v: Any) -> Raw:
     return Raw(html.escape(s, quote=False).replace("\r", " ").replace("\n", " ").replace("--", "-&#45;"))
 
 
-def claims(cs: list[T.Claim], page_prefix: str = "") -> Raw:
+def claims(cs: list[PG.Claim], page_prefix: str = "") -> Raw:
     """A support-matrix cell: items with their mark, grouped, each group with the archs where it holds."""
     if not cs:
         return Raw(T.UNSUPPORTED_MARK)
@@ -154,6 +155,32 @@ def _claim_group(labels: list[str], key: tuple) -> str:
     return f"{text} {mark}{where}".strip() if text else f"{mark}{where}"
 
 
+def items(xs: list[PG.Item], sep: str = " · ") -> Raw:
+    """A capability-summary cell: entries with their mark, consecutive ones with the same mark, scope and reason
+    grouped; the scope in small print, the reason as a link to the page's reason list."""
+    if not xs:
+        return Raw("–")
+    out: list[str] = []
+    group: list[str] = []
+    prev: tuple | None = None
+    for x in [*xs, None]:
+        k = None if x is None else (x.mark, x.where, x.reason)
+        if prev is not None and k != prev:
+            mark, where, reason = prev
+            text = ", ".join(md_escape(g) for g in group if g)
+            bits = [b for b in (text, mark) if b]
+            if where:
+                bits.append(f"<small>({md_escape(where)})</small>")
+            if reason:
+                bits.append(f"[{reason}](#{reason})")
+            out.append(" ".join(bits))
+            group = []
+        if x is not None:
+            group.append(x.label)
+        prev = k
+    return Raw(sep.join(out))
+
+
 def capability_of(arch: str) -> str:
     if arch.startswith("sm_") and arch[3:].isdigit():
         n = arch[3:]
@@ -161,7 +188,7 @@ def capability_of(arch: str) -> str:
     return arch
 
 
-def arch_links(cs: list[T.Claim], prefix: str) -> Raw:
+def arch_links(cs: list[PG.Claim], prefix: str) -> Raw:
     return Raw(", ".join(f"[{md_escape(capability_of(c.label))}]({prefix}{md_escape(c.label)}.md) {c.mark}"
                          for c in cs) or T.UNSUPPORTED_MARK)
 
@@ -174,7 +201,7 @@ def _env(finalize) -> jinja2.Environment:
         keep_trailing_newline=True, undefined=jinja2.StrictUndefined, finalize=finalize,
     )
     env.filters.update(comment=py_comment, hcomment=html_comment, md=md_escape, md_join=md_join, code=md_code,
-                       claims=claims, arch_links=arch_links, capability=capability_of, raw=Raw,
+                       claims=claims, items=items, arch_links=arch_links, capability=capability_of, raw=Raw,
                        tuple=tuple)
     return env
 
@@ -211,18 +238,20 @@ def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
     h = _header(m, meta)
     out: dict[str, str] = {}
     kv = dict(h["kernel_versions"])
-    pages = T.arch_pages(m)
+    pages = PG.arch_pages(m)
     plots = P.plot_index(m)
     out[SUPPORT_MATRIX_PATH] = MD_ENV.get_template("support-matrix.md.j2").render(
-        h=h, rows=T.backend_rows(m, kv), grids=T.fastest_grids(m), marks=T.TIER_MARK,
+        h=h, rows=PG.backend_rows(m, kv), measured=[p.arch for p in pages if p.fastest], marks=T.TIER_MARK,
         unsupported=T.UNSUPPORTED_MARK, unknown=T.UNKNOWN_MARK, policy_doc=(policy.__doc__ or "").strip(),
-        feature_columns=[c for c, _ in T.FEATURE_COLUMNS], archs=[p.arch for p in pages],
+        feature_columns=[c for c, _ in PG.FEATURE_COLUMNS], archs=[p.arch for p in pages],
         plots=list(plots.values()), panels=P.PANELS,
     )
     arch_tpl = MD_ENV.get_template("arch.md.j2")
     for page in pages:
-        out[f"{ARCH_PAGE_DIR}/{page.arch}.md"] = arch_tpl.render(h=h, page=page, marks=T.TIER_MARK,
-                                                                 plot=plots.get(page.arch), panels=P.PANELS)
+        out[f"{ARCH_PAGE_DIR}/{page.arch}.md"] = arch_tpl.render(
+            h=h, page=page, marks=T.TIER_MARK, unsupported=T.UNSUPPORTED_MARK, unknown=T.UNKNOWN_MARK,
+            plot=plots.get(page.arch), panels=P.PANELS)
+    out.update(PG.cells_files(m, h))
     out[MLA_PREFILL_PATH] = MD_ENV.get_template("mla-prefill.md.j2").render(h=h, archs=T.mla_tables(m))
     out[FA_VERSION_PATH] = MD_ENV.get_template("fa-version.md.j2").render(
         h=h, archs=T.fa_tables(m), common=T.FA_COMMON_HEAD_SIZES)

@@ -9,14 +9,12 @@ the same engine and data the generated selector ships. `query`, `explain_query`,
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from attnmatrix.matrix.cases import DTYPES, MLA_HEAD_DIMS, OPS, feature_name
-from attnmatrix.matrix.cases import page_size as case_page_size
+from attnmatrix.matrix.cases import MLA_HEAD_DIMS
 from attnmatrix.matrix.evidence import default_rank
-from attnmatrix.matrix.policy import SUPPORTED, UNKNOWN, UNSUPPORTED, ResolvedCell, ResolvedMatrix, arch_sort_key
+from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix
 
 from attnmatrix.selector_engine import Engine, features_of
 
@@ -159,213 +157,11 @@ def mla_prefill_priorities(m: ResolvedMatrix, arch: str, qk_nope_head_dim: int, 
 
 
 # --- docs tables ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Claim:
-    """One item of a support-matrix column (a dtype, a head size, a block size, or a whole feature)."""
-
-    label: str
-    mark: str
-    archs: tuple[str, ...]  # where it holds; empty when it holds on all of the backend's archs
-
-
-@dataclass
-class BackendRow:
-    backend: str
-    label: str
-    library: str
-    versions: list[str]
-    ops: list[str]
-    dtypes: list[Claim]
-    head_sizes: list[Claim]
-    features: dict[str, list[Claim]]  # column -> claims grouped by mark
-    block_sizes: list[Claim]
-    archs: list[Claim]  # label = arch, mark = strongest tier of its supported cells
-
+# The arch pages, the support matrix's backend rows and the fastest-backend grids are built in
+# generator.pages; the MLA and FA-version pages below are answers of the queries above.
 
 def _dims_label(hd: int, hdv: int) -> str:
     return str(hd) if hd == hdv else f"{hd}×{hdv}"
-
-
-def _item_claims(cells: list[ResolvedCell], item_of, sort_key, all_archs: list[str]) -> list[Claim]:
-    """Supported items (with the strongest tier of their supported cells), each with the archs where they hold
-    (omitted when that is every arch the backend supports anything on)."""
-    per: dict = defaultdict(lambda: defaultdict(list))
-    for c in cells:
-        if c.status == SUPPORTED:
-            for item in item_of(c):
-                per[item][c.case.arch].append(c.tier)
-    out = []
-    for item in sorted(per, key=sort_key):
-        archs = sorted(per[item], key=arch_sort_key)
-        mark = tier_mark(strongest(t for a in archs for t in per[item][a]))
-        out.append(Claim(item if isinstance(item, str) else _dims_label(*item), mark,
-                         () if archs == all_archs else tuple(archs)))
-    return out
-
-
-def _feature_claims(cells: list[ResolvedCell], feature: str, archs: list[str]) -> list[Claim]:
-    """A feature column: per arch, the strongest tier of a supported cell with the feature, else ❌ if one was
-    unsupported, else ❔ if only unknown; archs without any such cell are left out. Grouped by mark."""
-    by_arch: dict[str, list[ResolvedCell]] = defaultdict(list)
-    for c in cells:
-        if any(feature_name(t) == feature for t in c.case.features):
-            by_arch[c.case.arch].append(c)
-    marks: dict[str, str] = {}
-    for a, cs in by_arch.items():
-        sup = [c.tier for c in cs if c.status == SUPPORTED]
-        if sup:
-            marks[a] = tier_mark(strongest(sup))
-        elif any(c.status == UNSUPPORTED for c in cs):
-            marks[a] = UNSUPPORTED_MARK
-        else:
-            marks[a] = UNKNOWN_MARK
-    if not marks:
-        return [Claim("", UNKNOWN_MARK, ())]
-    order = [TIER_MARK[t] for t in TIERS] + [UNSUPPORTED_MARK, UNKNOWN_MARK]
-    groups = []
-    for mk in order:
-        got = sorted((a for a, x in marks.items() if x == mk), key=arch_sort_key)
-        if got:
-            groups.append(Claim("", mk, tuple(got)))
-    if len(groups) == 1 and set(groups[0].archs) == set(archs):
-        groups = [Claim("", groups[0].mark, ())]  # the same on every arch the backend has evidence for
-    return groups
-
-
-FEATURE_COLUMNS = [("Sinks", "sinks"), ("Sliding window", "sliding_window"), ("Softcap", "softcap"),
-                   ("ALiBi", "alibi")]
-
-
-def backend_rows(m: ResolvedMatrix, kernel_versions: dict[str, list[str]]) -> list[BackendRow]:
-    cells = public_cells(m)
-    by_backend: dict[str, list[ResolvedCell]] = defaultdict(list)
-    for c in cells:
-        by_backend[c.case.backend].append(c)
-    out = []
-    for b in sorted(by_backend, key=lambda b: backend_order_key(m, b)):
-        cs = by_backend[b]
-        meta = m.backends.get(b, {})
-        sup_archs = sorted({c.case.arch for c in cs if c.status == SUPPORTED}, key=arch_sort_key)
-        all_archs = sorted({c.case.arch for c in cs}, key=arch_sort_key)
-        versions = list(kernel_versions.get(b) or sorted({c.kernel_version for c in cs if c.kernel_version}))
-        arch_claims = [Claim(a, tier_mark(strongest(c.tier for c in cs if c.case.arch == a and c.status == SUPPORTED)),
-                             ()) for a in sup_archs]
-        blocks = _item_claims(cs, lambda c: [str(p)] if (p := case_page_size(c.case.features)) else [], int, sup_archs)
-        if not blocks:
-            paged = any(case_page_size(c.case.features) for c in cs)
-            blocks = [Claim("", UNSUPPORTED_MARK if paged else UNKNOWN_MARK, ())]
-        out.append(BackendRow(
-            backend=b, label=str(meta.get("label", b)), library=str(meta.get("library", "")), versions=versions,
-            ops=[o for o in OPS if any(c.case.op == o for c in cs)],
-            dtypes=_item_claims(cs, lambda c: [c.case.dtype], DTYPES.index, sup_archs),
-            head_sizes=_item_claims(cs, lambda c: [(c.case.head_dim, c.case.head_dim_v)],
-                                    lambda d: (d[0] != d[1], d), sup_archs),
-            features={col: _feature_claims(cs, f, all_archs) for col, f in FEATURE_COLUMNS},
-            block_sizes=blocks,
-            archs=arch_claims,
-        ))
-    return out
-
-
-@dataclass
-class FastestGrid:
-    arch: str
-    columns: list[str]  # feature strings
-    rows: list[tuple[str, list[str]]]  # (op dtype dims label, [cell text per column])
-
-
-def fastest_grids(m: ResolvedMatrix) -> list[FastestGrid]:
-    """Per arch, the fastest validated backend per (op, dtype, dims) x probed feature set, where measured."""
-    out = []
-    cells = public_cells(m)
-    for arch in sorted({c.case.arch for c in cells}, key=arch_sort_key):
-        measured = [c for c in cells if c.case.arch == arch and c.latency_ms is not None]
-        if not measured:
-            continue
-        cols = sorted({c.case.features for c in measured}, key=lambda f: (len(f), f))
-        keys = sorted({(OPS.index(c.case.op), c.case.op, c.case.dtype, c.case.head_dim, c.case.head_dim_v)
-                       for c in measured}, key=lambda k: (k[0], k[2], k[3] != k[4], k[3], k[4]))
-        rows = []
-        for _, op, dtype, hd, hdv in keys:
-            texts = []
-            for f in cols:
-                ordered, _ = query(m, Query(arch, op, dtype, hd, hdv, f))
-                best = next((a for a in ordered if a.latency_ms is not None), None)
-                texts.append(f"{best.backend} ({fmt_ms(best.latency_ms)})" if best else "–")
-            rows.append((f"{op} {dtype} {_dims_label(hd, hdv)}", texts))
-        out.append(FastestGrid(arch, [feature_string(f) or "none" for f in cols], rows))
-    return out
-
-
-@dataclass
-class CellLine:
-    backend: str
-    op: str
-    dtype: str
-    dims: str
-    features: str
-    status: str
-    tier: str
-    reason: str
-    max_error: str
-    latency: str
-    tflops: str
-    sources: list[str]
-    conflicts: list[str]
-
-
-def _fmt_err(err: dict | None) -> str:
-    if not err:
-        return ""
-    bits = []
-    for k, label in (("max_abs_err", "abs"), ("max_rel_err", "rel")):
-        v = err.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            bits.append(f"{label} {v:.3g}")
-    if err.get("nan"):
-        bits.append("NaN")
-    return ", ".join(bits)
-
-
-@dataclass
-class ArchPage:
-    arch: str
-    title: str
-    counts: list[tuple[str, int, int, int]]  # backend, supported, unsupported, unknown
-    sections: list[tuple[str, str, list[CellLine]]]  # backend, label, lines
-
-
-def arch_title(arch: str) -> str:
-    if arch.startswith("sm_"):
-        n = arch[3:]
-        return f"{arch} (compute capability {n[:-1]}.{n[-1]})"
-    return arch
-
-
-def arch_pages(m: ResolvedMatrix) -> list[ArchPage]:
-    cells = public_cells(m)
-    pages = []
-    for arch in sorted({c.case.arch for c in cells}, key=arch_sort_key):
-        mine = [c for c in cells if c.case.arch == arch]
-        backends = sorted({c.case.backend for c in mine}, key=lambda b: backend_order_key(m, b, arch))
-        counts, sections = [], []
-        for b in backends:
-            cs = sorted((c for c in mine if c.case.backend == b),
-                        key=lambda c: (OPS.index(c.case.op), c.case.dtype, c.case.head_dim != c.case.head_dim_v,
-                                       c.case.head_dim, c.case.head_dim_v, len(c.case.features), c.case.features))
-            counts.append((b, *(sum(c.status == s for c in cs) for s in (SUPPORTED, UNSUPPORTED, UNKNOWN))))
-            lines = [CellLine(
-                backend=b, op=c.case.op, dtype=c.case.dtype, dims=_dims_label(c.case.head_dim, c.case.head_dim_v),
-                features=feature_string(c.case.features) or "none", status=c.status,
-                tier=c.tier or "", reason=c.reason or "",
-                max_error=_fmt_err(c.winner.error if c.winner else None),
-                latency="" if c.latency_ms is None else f"{c.latency_ms:.4g}",
-                tflops="" if c.tflops is None else f"{c.tflops:.1f}",
-                sources=list(c.sources), conflicts=list(c.conflicts)) for c in cs]
-            sections.append((b, str(m.backends.get(b, {}).get("label", b)), lines))
-        pages.append(ArchPage(arch, arch_title(arch), counts, sections))
-    return pages
 
 
 @dataclass

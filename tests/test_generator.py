@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import shutil
@@ -82,8 +83,11 @@ def load_selector(text: str, tmp_path, name="gen_selector"):
 def test_paths():
     out = render_all(matrix(), META)
     assert sorted(out) == ["attnmatrix/selector.py", "site/archs/cpu.md", "site/archs/sm_100.md",
-                           "site/archs/sm_90.md", "site/changelog.md", "site/fa-version.md", "site/mla-prefill.md",
-                           "site/plots/sm_90-tflops.svg", "site/support-matrix.md", "site/vllm-comparison.md"]
+                           "site/archs/sm_90.md", "site/changelog.md", "site/data/cpu/sdpa_cudnn.json",
+                           "site/data/sm_100/fa2.json", "site/data/sm_100/fa4.json", "site/data/sm_90/fa2.json",
+                           "site/data/sm_90/fa4.json", "site/data/sm_90/sdpa_cudnn.json", "site/fa-version.md",
+                           "site/mla-prefill.md", "site/plots/sm_90-tflops.svg", "site/support-matrix.md",
+                           "site/vllm-comparison.md"]
 
 
 def test_deterministic():
@@ -191,12 +195,21 @@ def test_docs_content():
     fa4_row = next(ln for ln in sm.splitlines() if ln.startswith("| FlashAttention 4"))
     assert "[9.0](archs/sm_90.md) ✅" in fa4_row and "[10.0](archs/sm_100.md) 🔧" in fa4_row
     assert "legend" in sm.lower() or "| Mark | Meaning |" in sm
-    # fastest validated backend per (op, head dim, features) where measured
-    grid = sm.split("### sm_90", 1)[1].split("##", 1)[0]
-    assert "sdpa_cudnn (0.3 ms)" in grid and "fa4 (0.9 ms)" in grid
+    assert "[sm_90](archs/sm_90.md#fastest-validated-backend)" in sm
     arch = out["site/archs/sm_90.md"]
-    assert "abs 0.00123, rel 0.01" in arch and "| 0.5 | 123.5 |" in arch
+    # fastest validated backend per (op, head dim, features) where measured, to 2 significant figures
+    grid = arch.split("## Fastest validated backend", 1)[1].split("##", 1)[0]
+    assert "| prefill bfloat16 128 | sdpa_cudnn 0.30 |" in grid and "| mla_prefill bfloat16 192 | fa4 0.90 |" in grid
+    assert "✅ 0.50" in arch  # fa4's causal cell: tier mark and latency
     assert "overruled (weaker evidence): declared rejected (doc)" in arch  # conflicts are shown
+    # the per-cell JSON keeps what the page shortens: full-precision numbers, errors, every reason in full
+    data = json.loads(out["site/data/sm_90/fa4.json"])
+    rows = [dict(zip(data["columns"], r, strict=True)) for r in data["cells"]]
+    causal = next(r for r in rows if r["op"] == "prefill" and r["features"] == ["causal"])
+    assert causal["latency_ms"] == 0.5 and causal["max_abs_err"] == 0.00123 and causal["tflops"] == 123.456
+    softcap = next(r for r in rows if r["features"] == ["causal", "softcap"])
+    assert data["reasons"][softcap["reason"]] == HOSTILE_REASON
+    assert data["sources"][softcap["sources"]][-1] == HOSTILE_SOURCE
     fa = out["site/fa-version.md"]
     assert "| 128 | FA4 |" in fa
     mla = out["site/mla-prefill.md"]

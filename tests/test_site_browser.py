@@ -34,7 +34,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
 # Generated pages of the real site: the copy gets the hand-built matrix's instead.
 GENERATED = ("support-matrix.md", "mla-prefill.md", "fa-version.md", "changelog.md", "vllm-comparison.md", "archs",
-             "plots")
+             "data", "plots")
 
 pytestmark = [
     pytest.mark.skipif(not CHROMIUM.is_file(),
@@ -190,9 +190,6 @@ def test_support_matrix_renders_a_row_per_backend_and_the_plots(site, tmp_path):
     fa4 = next(r for r in rows if r[0][1] == ["fa4"])
     assert fa4[0][0].startswith("FlashAttention 4") and "9.0" in fa4[-1][0]
 
-    fastest = table_with_header(dom, "Op, dtype, head dim")
-    assert any(cells[0][0] == "prefill bfloat16 128" for cells in fastest[1:])
-
     srcs = sorted(urljoin(page, i["src"]) for i in dom.imgs if "/plots/" in i.get("src", ""))
     assert srcs == [urljoin(base, f"plots/{n}") for n in ("cpu-tflops.svg", "sm_90-peak.svg", "sm_90-tflops.svg")]
     assert all(i.get("alt") for i in dom.imgs if "/plots/" in i.get("src", ""))
@@ -216,10 +213,34 @@ def test_plots_load_and_render_in_the_browser(site, tmp_path):
 
 def test_arch_page_and_changelog_in_the_browser(site, tmp_path):
     base, _ = site
-    arch = parse(chromium(tmp_path, "--dump-dom", urljoin(base, "archs/sm_90/")))
+    page = urljoin(base, "archs/sm_90/")
+    dom_text = chromium(tmp_path, "--dump-dom", page)
+    arch = parse(dom_text)
     assert any(i.get("src", "").endswith("plots/sm_90-tflops.svg") for i in arch.imgs)
-    counts = table_with_header(arch, "Backend")
-    assert {codes[0] for (_, codes), *_ in counts[1:]} >= {"fa4", "fa2", "sdpa_cudnn"}
+    # the capability summary comes first: one row per backend, with its ops, head sizes and features
+    caps = table_with_header(arch, "Backend")
+    assert arch.tables[0] is caps
+    header = [text for text, _ in caps[0]]
+    assert header[:5] == ["Backend", "Cells", "Ops", "Dtypes", "Head sizes"] and "Features" in header
+    rows = {r[0][1][0]: [text for text, _ in r] for r in caps[1:]}
+    assert {"fa4", "fa2", "sdpa_cudnn"} <= set(rows)
+    assert "128" in rows["fa4"][header.index("Head sizes")] and "prefill" in rows["fa4"][header.index("Ops")]
+    # the fastest backend per cell, latencies to 2 significant figures, paged KV columns in numeric order
+    fastest = table_with_header(arch, "Op, dtype, head size")
+    assert any(cells[0][0] == "prefill bfloat16 128" for cells in fastest[1:])
+    numbers = [x for row in fastest[1:] for text, _ in row[1:] for x in re.findall(r"\b\d+(?:\.\d+)?\b", text)]
+    assert numbers and all(len(x.replace(".", "").strip("0")) <= 2 for x in numbers), numbers
+    paged = [int(t.split(":")[1]) for t, _ in fastest[0] if "paged_kv:" in t]
+    assert paged == sorted(paged)
+    # per-cell detail is collapsed (one <details> per backend) and links a JSON file that parses
+    assert dom_text.count("<details") == len(caps) - 1 and "<details open" not in dom_text
+    links = sorted(set(re.findall(r'href="([^"]*data/sm_90/[a-z0-9_]+\.json)"', dom_text)))
+    assert len(links) == len(caps) - 1
+    import urllib.request
+
+    with urllib.request.urlopen(urljoin(page, links[0]), timeout=30) as r:  # served from the built site
+        data = json.loads(r.read().decode("utf-8"))
+    assert data["arch"] == "sm_90" and data["cells"] and len(data["columns"]) == len(data["cells"][0])
 
     log = parse(chromium(tmp_path, "--dump-dom", urljoin(base, "changelog/")))
     summary = table_with_header(log, "Change")
