@@ -28,8 +28,8 @@ def rec(arch, backend, feats=("causal",), outcome="pass", *, hd=128, op="prefill
          "case": {"arch": arch, "backend": backend, "op": op, "dtype": "bfloat16", "head_dim": hd,
                   "head_dim_v": hd, "features": list(feats)},
          "provenance": {"date": "2026-11-01"} if tier == "declared" else
-         {"device": "CPU" if arch == "cpu" else "H200", "kernel_version": "4.0.0b36", "date": "2026-11-01", "torch": "2.11",
-          "library": "lib"}}
+         {"device": "CPU" if arch == "cpu" else "H200", "kernel_version": "4.0.0b36", "date": "2026-11-01",
+          "torch": "2.11", "library": "lib"}}
     if sources:
         d["sources"] = list(sources)
     if reason is not None:
