@@ -191,48 +191,46 @@ class Engine:
                         got[f] = v
         return got
 
-    def components(self, cells, feats):
-        """([(feature set, Verdict)] answering a query, [features nothing answers]) from one backend's cells."""
-        quals = tuple(t for t in feats if t.partition(":")[0] in self.qualifiers)
-        if quals:  # per-triple (or other narrowed) evidence decides where it exists, else the plain cells
-            got = self._compose(cells, feats, quals)
-            if not got[1]:
-                return got
-            feats = tuple(t for t in feats if t not in quals)
-        return self._compose(cells, feats, ())
+    def components(self, block, feats):
+        """([(feature set, Verdict)] answering a query, [features nothing answers]) from one backend's cells.
+
+        Qualified evidence (a cell carrying a qualifier token such as qk_rope:<n>) decides where it exists;
+        otherwise the query is answered without the qualifier."""
+        plans = self._plans.get(feats)
+        if plans is None:
+            quals = tuple(t for t in feats if t.partition(":")[0] in self.qualifiers)
+            plain = tuple(t for t in feats if t not in quals)
+            plans = self._plans[feats] = ([(feats, *self._plan(feats, quals))] if quals else []) + [
+                (plain, *self._plan(plain, ()))]
+        for i, (fs, mask, extra) in enumerate(plans):
+            v = block.get(fs)
+            if v is not None:
+                return [(fs, v)], []
+            cells, missing = [], []
+            v = block.get(mask)
+            if v is not None:
+                cells.append((mask, v))
+            else:  # evidence for the other mask mode must not answer this one
+                missing.append("+".join(mask) or "no mask")
+            for f, cands in extra:
+                for cand in cands:
+                    v = block.get(cand)
+                    if v is not None:
+                        cells.append((cand, v))
+                        break
+                else:
+                    missing.append(f)
+            if not missing or i == len(plans) - 1:
+                return cells, missing
+        raise AssertionError("unreachable: the last plan always answers")
 
     def _plan(self, feats, quals):
         """(mask, [(feature, cells to try in order)]) for composing `feats`; the same for every backend."""
-        key = (feats, quals)
-        plan = self._plans.get(key)
-        if plan is None:
-            mask = tuple(f for f in feats if f in self.mask or f in quals)
-            extra = [(f, tuple(dict.fromkeys(tuple(sorted(c)) for c in ({*mask, f}, {*self.mask, *quals, f},
-                                                                           {f, *quals}))))
-                     for f in feats if f not in mask]
-            plan = self._plans[key] = (mask, extra)
-        return plan
-
-    def _compose(self, block, feats, quals):
-        v = block.get(feats)
-        if v is not None:
-            return [(feats, v)], []
-        mask, extra = self._plan(feats, quals)
-        cells, missing = [], []
-        v = block.get(mask)
-        if v is not None:
-            cells.append((mask, v))
-        else:  # evidence for the other mask mode must not answer this one
-            missing.append("+".join(mask) or "no mask")
-        for f, cands in extra:
-            for cand in cands:
-                v = block.get(cand)
-                if v is not None:
-                    cells.append((cand, v))
-                    break
-            else:
-                missing.append(f)
-        return cells, missing
+        mask = tuple(f for f in feats if f in self.mask or f in quals)
+        extra = [(f, tuple(dict.fromkeys(tuple(sorted(c)) for c in ({*mask, f}, {*self.mask, *quals, f},
+                                                                       {f, *quals}))))
+                 for f in feats if f not in mask]
+        return mask, extra
 
     # --- answers and order ------------------------------------------------------------------------
 
@@ -251,8 +249,11 @@ class Engine:
         dims = (head_dim, head_dim_v)
         block = self.cells(arch, backend, op, dtype, dims)
         v = block.get(feats)
-        if v is not None and v.status == SUPPORTED:  # the common case: the exact cell, supported
-            cells, missing, status, reasons, tier = [(feats, v)], [], SUPPORTED, [], v.tier
+        if v is not None:  # the common case: the exact cell answers
+            cells, missing, status, tier = [(feats, v)], [], v.status, v.tier
+            reasons = [] if status == SUPPORTED else [
+                f"{fset_label(feats) if feats else 'no features'}: "
+                + (f"{v.outcome} ({v.tier}): {v.reason}" if status == UNSUPPORTED else f"unknown: {v.reason}")]
         else:
             cells, missing = self.components(block, feats)
             status, reasons, tier = self._judge(cells, missing)
@@ -271,6 +272,15 @@ class Engine:
     @staticmethod
     def _judge(cells, missing):
         """(status, reasons, tier) of component cells: supported only if all are; the tier it rests on."""
+        if not missing and cells:
+            weakest = None
+            for _, v in cells:
+                if v.status != SUPPORTED:
+                    break
+                if weakest is None or v.rank > weakest.rank:
+                    weakest = v
+            else:  # every component supported: the weakest tier it rests on
+                return SUPPORTED, [], weakest.tier
         bad = [(f, v) for f, v in cells if v.status == UNSUPPORTED]
         if bad:
             status = UNSUPPORTED
