@@ -230,6 +230,9 @@ def chaos_env() -> dict[str, str]:
     env = dict(os.environ)
     # Several workers on two cores: one intra-op thread each, or they fight over the cores.
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    # fake_chaos is a test fake, not a product backend: registered through the plugin variable.
+    plugins = [p for p in env.get("ATTNMATRIX_BACKEND_PLUGINS", "").split(",") if p]
+    env["ATTNMATRIX_BACKEND_PLUGINS"] = ",".join(dict.fromkeys([*plugins, "attnmatrix.kernels.fakes"]))
     return env
 
 

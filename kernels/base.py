@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 from attnmatrix.matrix.cases import Case
 
+from . import registry
 from .problem import Problem, Unsupported
 
-__all__ = ["Backend", "Unsupported", "load_backend", "BACKEND_MODULES", "known_backends"]
+__all__ = ["Backend", "Unsupported", "load_backend", "known_backends"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,13 @@ class Backend:
     # Optional: compile the kernels for a case without running them (FA4's CuTe DSL can).
     compile_only: Callable[[Problem], dict] | None = None
 
+    @classmethod
+    def declare(cls, name: str, prepare: Callable[[Problem], Callable[[], torch.Tensor]],
+                entry: Callable[[Case], str], **kw) -> Backend:
+        """The backend `name` with its identity (library, device, imports) from the one registry."""
+        i = registry.info(name)
+        return cls(name, i.library, i.device, i.imports, prepare, entry, **kw)
+
     def availability(self) -> str | None:
         """None if every module imports; otherwise why not, in the import system's words."""
         for mod in self.imports:
@@ -41,48 +49,13 @@ class Backend:
         return None
 
 
-# name -> "module:attribute". Lazy, so listing backends imports no kernel library.
-BACKEND_MODULES: dict[str, str] = {
-    "fa2": "attnmatrix.kernels.fa2:FA2",
-    "fa3": "attnmatrix.kernels.fa3:FA3",
-    "fa4": "attnmatrix.kernels.fa4:FA4",
-    "flashinfer": "attnmatrix.kernels.flashinfer:FLASHINFER",
-    "trtllm_ragged": "attnmatrix.kernels.trtllm:TRTLLM_RAGGED",
-    "trtllm_context": "attnmatrix.kernels.trtllm:TRTLLM_CONTEXT",
-    "trtllm_decode": "attnmatrix.kernels.trtllm:TRTLLM_DECODE",
-    "sdpa_cpu": "attnmatrix.kernels.sdpa:SDPA_CPU",
-    "sdpa_flash": "attnmatrix.kernels.sdpa:SDPA_FLASH",
-    "sdpa_efficient": "attnmatrix.kernels.sdpa:SDPA_EFFICIENT",
-    "sdpa_cudnn": "attnmatrix.kernels.sdpa:SDPA_CUDNN",
-    "sdpa_math": "attnmatrix.kernels.sdpa:SDPA_MATH",
-    "fake_segfault": "attnmatrix.kernels.fakes:SEGFAULT",
-    "fake_hang": "attnmatrix.kernels.fakes:HANG",
-    "fake_nan": "attnmatrix.kernels.fakes:NAN",
-    "fake_wrong": "attnmatrix.kernels.fakes:WRONG",
-    "fake_raise": "attnmatrix.kernels.fakes:RAISE",
-    "fake_oom": "attnmatrix.kernels.fakes:OOM",
-    "fake_device_fault": "attnmatrix.kernels.fakes:DEVICE_FAULT",
-    "fake_chaos": "attnmatrix.kernels.fakes:CHAOS",
-    "fake_ignores_causal": "attnmatrix.kernels.fakes:IGNORES_CAUSAL",
-    "fake_ignores_sliding_window": "attnmatrix.kernels.fakes:IGNORES_SLIDING_WINDOW",
-    "fake_ignores_softcap": "attnmatrix.kernels.fakes:IGNORES_SOFTCAP",
-    "fake_ignores_alibi": "attnmatrix.kernels.fakes:IGNORES_ALIBI",
-    "fake_ignores_sinks": "attnmatrix.kernels.fakes:IGNORES_SINKS",
-    "fake_ignores_gqa": "attnmatrix.kernels.fakes:IGNORES_GQA",
-    "fake_ignores_varlen": "attnmatrix.kernels.fakes:IGNORES_VARLEN",
-    "fake_ignores_paged_kv": "attnmatrix.kernels.fakes:IGNORES_PAGED_KV",
-    "fake_ignores_fp8": "attnmatrix.kernels.fakes:IGNORES_FP8",
-}
-
-
 def known_backends() -> list[str]:
-    return sorted(BACKEND_MODULES)
+    """Every registered backend (kernels/registry.py), test plugins included when they are loaded."""
+    return registry.names()
 
 
 def load_backend(name: str) -> Backend:
     try:
-        target = BACKEND_MODULES[name]
-    except KeyError:
-        raise KeyError(f"unknown backend {name!r} (known: {', '.join(known_backends())})") from None
-    mod, _, attr = target.partition(":")
-    return getattr(importlib.import_module(mod), attr)
+        return registry.load(name)
+    except registry.RegistryError as e:
+        raise KeyError(str(e)) from None

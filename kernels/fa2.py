@@ -82,5 +82,4 @@ def prepare(p: Problem) -> Callable[[], torch.Tensor]:
 # Not just `flash_attn`: FlashAttention 4 (`flash-attn-4`) installs `flash_attn.cute` and so makes
 # `flash_attn` importable as a namespace package without FA2. The interface module imports FA2's
 # CUDA extension (`flash_attn_2_cuda`), so it imports only where FA2 is really installed.
-FA2 = Backend("fa2", "flash-attn", "cuda", ("flash_attn.flash_attn_interface",), prepare,
-              lambda case: entry_for(case, "flash_attn"))
+FA2 = Backend.declare("fa2", prepare, lambda case: entry_for(case, "flash_attn"))

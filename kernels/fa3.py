@@ -93,4 +93,4 @@ def prepare(p: Problem) -> Callable[[], torch.Tensor]:
     return call
 
 
-FA3 = Backend("fa3", "flash-attn-3", "cuda", (MODULE,), prepare, entry)
+FA3 = Backend.declare("fa3", prepare, entry)

@@ -49,7 +49,6 @@ from .base import Backend
 from .problem import Problem, Unsupported
 
 MODULE = "flash_attn.cute"
-LIBRARY = "flash-attn-4"
 
 
 def entry(case: Case) -> str:
@@ -282,4 +281,4 @@ class FA4Backend(Backend):
         return why
 
 
-FA4 = FA4Backend("fa4", LIBRARY, "cuda", (MODULE,), prepare, entry, compile_only=compile_only)
+FA4 = FA4Backend.declare("fa4", prepare, entry, compile_only=compile_only)

@@ -2,6 +2,9 @@
 
 They run on the CPU and take the same `Problem` as real backends, so every path of the runner
 (crash, hang, NaN, wrong values, refusal, out-of-memory, a sticky device fault) is exercised end to end.
+
+They are not product backends: importing this module registers them (kernels/registry.py), and the test
+suite does so by naming it in ATTNMATRIX_BACKEND_PLUGINS (tests/conftest.py), which worker subprocesses inherit.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable
 import torch
 from attnmatrix.matrix.cases import FEATURES
 
+from . import registry
 from .base import Backend
 from .problem import Problem
 from .reference import reference_attention
@@ -151,7 +155,7 @@ def _ignores(feature: str) -> Callable[[Problem], Callable[[], torch.Tensor]]:
 
 
 IGNORES = {f: Backend(f"fake_ignores_{f}", "torch", "cpu", ("torch",), _ignores(f), _entry) for f in FEATURES}
-# One attribute per fake, as the backend table names them (kernels/base.py).
+# One attribute per fake, for tests that name them.
 IGNORES_CAUSAL = IGNORES["causal"]
 IGNORES_SLIDING_WINDOW = IGNORES["sliding_window"]
 IGNORES_SOFTCAP = IGNORES["softcap"]
@@ -161,3 +165,13 @@ IGNORES_GQA = IGNORES["gqa"]
 IGNORES_VARLEN = IGNORES["varlen"]
 IGNORES_PAGED_KV = IGNORES["paged_kv"]
 IGNORES_FP8 = IGNORES["fp8"]
+
+
+for _backend, _label in ((SEGFAULT, "test fake: segfaults"), (HANG, "test fake: hangs"),
+                         (NAN, "test fake: returns NaN"), (WRONG, "test fake: wrong values"),
+                         (RAISE, "test fake: refuses"), (OOM, "test fake: exhausts memory"),
+                         (DEVICE_FAULT, "test fake: a sticky device fault at head dim 64"),
+                         (CHAOS, "test fake: mostly right, sometimes crashes, hangs, exhausts memory, refuses or "
+                                 "is wrong"),
+                         *((b, f"test fake: right, except that it ignores {f}") for f, b in IGNORES.items())):
+    registry.register(_backend, label=_label)

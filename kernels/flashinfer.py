@@ -43,7 +43,6 @@ from attnmatrix.matrix.cases import Case
 from .base import Backend
 from .problem import Problem, Unsupported
 
-LIBRARY = "flashinfer-python"
 MODULE = "flashinfer"
 WORKSPACE_BYTES = 128 * 2**20  # FlashInfer's recommended float workspace
 BACKEND = "auto"
@@ -201,7 +200,7 @@ def prepare(p: Problem) -> Callable[[], torch.Tensor]:
     return _prepare_prefill(p)
 
 
-FLASHINFER = Backend("flashinfer", LIBRARY, "cuda", (MODULE,), prepare, entry)
+FLASHINFER = Backend.declare("flashinfer", prepare, entry)
 
 __all__ = ["FLASHINFER", "causal_and_left", "descales", "kv_lens", "paged_cache", "paged_indices_for",
            "right_bound", "window_left", "workspace"]

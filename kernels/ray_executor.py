@@ -333,15 +333,8 @@ class FleetConfig:
     refresh_s: float = 5.0  # how often the lanes are re-read from the cluster
 
 
-@dataclass
-class FleetSummary(RunSummary):
-    tasks: int = 0
-    tasks_lost: int = 0
-    requeued: int = 0  # cases re-queued after their task was lost
-    lanes: list[str] = field(default_factory=list)
-    nodes: set = field(default_factory=set)  # ids of the nodes that ran tasks
-    unprobed: dict[str, str] = field(default_factory=dict)  # case key -> why it has no record
-    notes: list[str] = field(default_factory=list)
+# The fleet's summary is the runner's: one summary type for every executor (`executor="ray"`).
+FleetSummary = RunSummary
 
 
 @dataclass
@@ -384,7 +377,7 @@ def run_cases_ray(
     ray = ray or import_ray()
     fleet = fleet or FleetConfig()
     t0 = time.monotonic()
-    summary = FleetSummary()
+    summary = RunSummary(executor="ray")
     todo: dict[str, list[Case]] = defaultdict(list)
     for c in pending_cases(cases, store, summary):
         todo[c.arch].append(c)

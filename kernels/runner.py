@@ -46,15 +46,38 @@ class RunnerConfig:
 
 @dataclass
 class RunSummary:
+    """What one sweep did, the same for every executor (local runner, Ray fleet, cross-compile)."""
+
     total: int = 0
     skipped: int = 0  # already in the store (resumed)
     outcomes: Counter = field(default_factory=Counter)
     wall_s: float = 0.0
     workers_replaced: int = 0
+    executor: str = "local"
+    # Fleet executors only: Ray tasks started and lost, cases re-queued after a lost task, the lanes and
+    # nodes used, and the cases left without a record (key -> why).
+    tasks: int = 0
+    tasks_lost: int = 0
+    requeued: int = 0
+    lanes: list[str] = field(default_factory=list)
+    nodes: set = field(default_factory=set)
+    unprobed: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ran(self) -> int:
         return sum(self.outcomes.values())
+
+    def to_json(self, file: str) -> dict:
+        """The summary as `probe --json` prints it."""
+        data = {"file": file, "executor": self.executor, "cases": self.total, "resumed": self.skipped,
+                "probed": self.ran, "outcomes": dict(sorted(self.outcomes.items())), "wall_s": round(self.wall_s, 2),
+                "cases_per_min": round(self.ran / self.wall_s * 60, 1) if self.wall_s else None,
+                "workers_replaced": self.workers_replaced, "unprobed": len(self.unprobed)}
+        if self.executor == "ray":
+            data.update({"ray_tasks": self.tasks, "ray_tasks_lost": self.tasks_lost, "requeued": self.requeued,
+                         "nodes": len(self.nodes)})
+        return data
 
 
 _PR_SET_PDEATHSIG = 1

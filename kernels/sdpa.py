@@ -136,9 +136,8 @@ def _entry(label: str) -> Callable[[Case], str]:
     return lambda case: f"torch.nn.functional.scaled_dot_product_attention[{label}]"
 
 
-SDPA_CPU = Backend("sdpa_cpu", "torch", "cpu", ("torch",), _prepare(None), _entry("cpu"))
-SDPA_FLASH = Backend("sdpa_flash", "torch", "cuda", ("torch",), _prepare("FLASH_ATTENTION"), _entry("FLASH_ATTENTION"))
-SDPA_EFFICIENT = Backend("sdpa_efficient", "torch", "cuda", ("torch",), _prepare("EFFICIENT_ATTENTION"),
-                         _entry("EFFICIENT_ATTENTION"))
-SDPA_CUDNN = Backend("sdpa_cudnn", "torch", "cuda", ("torch",), _prepare("CUDNN_ATTENTION"), _entry("CUDNN_ATTENTION"))
-SDPA_MATH = Backend("sdpa_math", "torch", "cuda", ("torch",), _prepare("MATH"), _entry("MATH"))
+SDPA_CPU = Backend.declare("sdpa_cpu", _prepare(None), _entry("cpu"))
+SDPA_FLASH = Backend.declare("sdpa_flash", _prepare("FLASH_ATTENTION"), _entry("FLASH_ATTENTION"))
+SDPA_EFFICIENT = Backend.declare("sdpa_efficient", _prepare("EFFICIENT_ATTENTION"), _entry("EFFICIENT_ATTENTION"))
+SDPA_CUDNN = Backend.declare("sdpa_cudnn", _prepare("CUDNN_ATTENTION"), _entry("CUDNN_ATTENTION"))
+SDPA_MATH = Backend.declare("sdpa_math", _prepare("MATH"), _entry("MATH"))

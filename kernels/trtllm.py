@@ -45,7 +45,6 @@ from attnmatrix.matrix.cases import Case
 
 from .base import Backend
 from .flashinfer import (
-    LIBRARY,
     MODULE,
     causal_and_left,
     descales,
@@ -197,9 +196,7 @@ def _entry(module: str, name: str) -> Callable[[Case], str]:
     return lambda case: f"{MODULE}.{module}.{name}"
 
 
-TRTLLM_RAGGED = TrtllmGenBackend("trtllm_ragged", LIBRARY, "cuda", (MODULE,), prepare_ragged,
-                                 _entry("prefill", RAGGED))
-TRTLLM_CONTEXT = TrtllmGenBackend("trtllm_context", LIBRARY, "cuda", (MODULE,), prepare_context,
-                                  _entry("prefill", CONTEXT))
-TRTLLM_DECODE = TrtllmGenBackend("trtllm_decode", LIBRARY, "cuda", (MODULE,), prepare_decode,
-                                 _entry("decode", DECODE), needs_cubins=_needs_trtllm_gen_for_decode)
+TRTLLM_RAGGED = TrtllmGenBackend.declare("trtllm_ragged", prepare_ragged, _entry("prefill", RAGGED))
+TRTLLM_CONTEXT = TrtllmGenBackend.declare("trtllm_context", prepare_context, _entry("prefill", CONTEXT))
+TRTLLM_DECODE = TrtllmGenBackend.declare("trtllm_decode", prepare_decode, _entry("decode", DECODE),
+                                         needs_cubins=_needs_trtllm_gen_for_decode)

@@ -39,8 +39,29 @@ ARCH_RE = re.compile(r"^(cpu|sm_\d{2,3})$")
 MAX_HEAD_DIM = 1024
 
 
+# A paged KV block larger than this is no engine's block size (vLLM's are 16..256; FlashInfer's up to 1024).
+MAX_PAGE_SIZE = 65536
+
+
 class CaseError(ValueError):
     """A case (or one of its fields) is not well formed; the message names the field."""
+
+
+def check_head_size(value: object, name: str = "head size") -> int:
+    """`value` as a head size, or CaseError naming `name`: an int in 1..MAX_HEAD_DIM (not 0, not -1, not
+    1.5, not true, not a 20-digit number). The one check of head sizes: the case space, every command's
+    options and the query engine use it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_HEAD_DIM:
+        raise CaseError(f"{name}: {value!r} is not a head size (an int in 1..{MAX_HEAD_DIM})")
+    return value
+
+
+def check_page_size(value: object, name: str = "page size") -> int:
+    """`value` as a paged-KV block size, or CaseError naming `name`: an int in 1..MAX_PAGE_SIZE. The one
+    check of page sizes (paged_kv:<n> feature tokens, every command's --page-size, the query engine)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_PAGE_SIZE:
+        raise CaseError(f"{name}: {value!r} is not a page size (an int in 1..{MAX_PAGE_SIZE})")
+    return value
 
 
 def normalize_arch(arch: str) -> str:
@@ -70,8 +91,8 @@ def canonical_features(features: Iterable[str]) -> tuple[str, ...]:
         if name not in FEATURES:
             raise CaseError(f"features: unknown feature {tok!r} (known: {', '.join(FEATURES)})")
         if name == "paged_kv":
-            if not arg.isdigit() or int(arg) <= 0:
-                raise CaseError(f"features: {tok!r} needs a positive block size, e.g. paged_kv:16")
+            if not (arg.isascii() and arg.isdigit()) or not 0 < int(arg) <= MAX_PAGE_SIZE or arg != str(int(arg)):
+                raise CaseError(f"features: {tok!r} needs a block size in 1..{MAX_PAGE_SIZE}, e.g. paged_kv:16")
         elif arg:
             raise CaseError(f"features: {tok!r} takes no argument")
         out.add(tok)
@@ -116,9 +137,7 @@ class Case:
         if self.dtype not in DTYPES:
             raise CaseError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
         for name in ("head_dim", "head_dim_v"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= MAX_HEAD_DIM:
-                raise CaseError(f"{name}: {v!r} is not a head dim (an int in 1..{MAX_HEAD_DIM})")
+            check_head_size(getattr(self, name), name)
 
     @property
     def key(self) -> str:
@@ -203,7 +222,6 @@ def parse_head_dims(spec: str) -> list[tuple[int, int]]:
             raise CaseError(f"head dims: {item!r} is not N or NxNv")
         hd, hdv = int(parts[0]), int(parts[-1])
         for v in (hd, hdv):
-            if not 0 < v <= MAX_HEAD_DIM:
-                raise CaseError(f"head dims: {item!r} is outside 1..{MAX_HEAD_DIM}")
+            check_head_size(v, f"head dims: {item!r}")
         out.append((hd, hdv))
     return out

@@ -122,8 +122,15 @@ def default_rank(backends: dict[str, dict], backend: str, arch: str | None) -> i
     return value[family] if family in value else value[DEFAULT_RANK_ANY]
 
 
-def load_backends(path: Path = BACKENDS_FILE) -> dict[str, dict]:
-    """Backend metadata (`backends` of backends.json). Every malformed entry is reported, with file and field."""
+def load_backends(path: Path | None = None) -> dict[str, dict]:
+    """Backend metadata (`backends` of backends.json). Every malformed entry is reported, with file and field.
+
+    Without `path`: the package's backends.json and the backends registered at run time (kernels/registry.py
+    plugins, e.g. the test suite's fakes)."""
+    if path is None:
+        from attnmatrix.kernels import registry
+
+        return {**load_backends(BACKENDS_FILE), **registry.plugin_metadata()}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         backends = dict(data["backends"])
@@ -280,15 +287,25 @@ def load_evidence(
     declared: Path | None = DECLARED_FILE,
     include_embedded: bool = True,
     problems: list[Problem] | None = None,
+    data_dir: Path | None = None,
 ) -> Evidence:
     """Read result files (files or directories of `*.jsonl`) and declared facts into one Evidence.
 
-    With `include_embedded`, the committed matrix (`matrix/data/results`) comes first. Problems are
+    With `include_embedded`, the committed matrix (`matrix/data/results` of `data_dir`, by default the
+    package's own data) comes first. Problems are
     appended to `problems` when given; otherwise the first batch of problems raises InputError.
     """
     found: list[Problem] = [] if problems is None else problems
-    ev = Evidence(backends=load_backends())
-    paths: list[str | Path] = ([RESULTS_DIR] if include_embedded else []) + list(result_paths or [])
+    data = Path(data_dir) if data_dir is not None else None
+    if data is not None and declared == DECLARED_FILE:
+        declared = data / "declared.json"
+    from attnmatrix.kernels import registry
+
+    backends = load_backends(data / "backends.json" if data is not None else BACKENDS_FILE)
+    # Backends registered at run time (the test suite's fakes, kernels/registry.py) are known like declared ones.
+    ev = Evidence(backends={**backends, **registry.plugin_metadata()})
+    embedded = data / "results" if data is not None else RESULTS_DIR
+    paths: list[str | Path] = ([embedded] if include_embedded else []) + list(result_paths or [])
     for f in iter_result_files(paths):
         ev.files.append(str(f))
         for line, rec in read_records(f, problems=found):

@@ -138,25 +138,73 @@ def write_records(path: str | os.PathLike, records: Iterable[Record]) -> bool:
     return atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
+def check_result_file(path: str | os.PathLike) -> bytes:
+    """Refuse to write into a file that is not one of ours, before anything touches it.
+
+    Ours: absent, empty, or UTF-8 JSON Lines whose complete lines are all result records (the last line
+    may be a torn write: the start of a JSON object without its newline). Anything else (notes, a
+    binary file, another tool's JSON) raises InputError naming the first line that is not a record, so
+    `probe -o notes.txt` or `merge -o README.md` changes nothing. Returns the file's bytes.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise InputError([Problem(str(p), None, "(file)", "is a directory, not a result file")])
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        return b""
+    except OSError as e:
+        raise InputError([Problem(str(p), None, "(file)", f"cannot read: {e.strerror or e}")]) from e
+    refuse = "not an attnmatrix result file (JSON Lines of records): refusing to write into it"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError([Problem(str(p), None, "(file)", f"{refuse}; it is not UTF-8 text")]) from None
+    lines = text.split("\n")
+    complete, tail = lines[:-1], lines[-1]
+    for n, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            parse_record(json.loads(line))
+        except (ValueError, RecursionError, RecordError, TypeError):
+            raise InputError([Problem(str(p), n, "(file)", f"{refuse}; line {n} is not a record")]) from None
+    if tail.strip() and not tail.lstrip().startswith("{"):
+        raise InputError([Problem(str(p), len(lines), "(file)", f"{refuse}; line {len(lines)} is not a record")])
+    return data
+
+
+def _is_record_line(line: bytes) -> bool:
+    try:
+        parse_record(json.loads(line))
+        return True
+    except (ValueError, RecursionError, RecordError, TypeError):
+        return False
+
+
 class ResultStore:
     """An append-only JSONL file of one sweep. Re-opening it resumes: finished cases are known.
 
     The file is opened in append mode and each record is flushed and fsynced before the runner
-    moves on, so `kill -9` at any point leaves every finished case on disk exactly once.
+    moves on, so `kill -9` at any point leaves every finished case on disk exactly once. A file that is
+    not a result file is refused before it is touched (`check_result_file`).
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        check_result_file(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.repaired_bytes = self._cut_torn_tail()
+        self.repaired_bytes = self._repair_tail()
         self.done: dict[str, Record] = {}
         if self.path.exists():
             for _, rec in read_records(self.path):
                 self.done[rec.key] = rec
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the store
 
-    def _cut_torn_tail(self) -> int:
-        """A line without its newline is a write the process did not finish: drop it."""
+    def _repair_tail(self) -> int:
+        """A last line without its newline is either a complete record (an editor or another tool dropped the
+        newline: it is kept, and the newline added) or a write the process did not finish (cut off).
+        Returns the bytes cut."""
         if not self.path.exists():
             return 0
         with open(self.path, "rb+") as f:
@@ -164,10 +212,15 @@ class ResultStore:
             if not data or data.endswith(b"\n"):
                 return 0
             keep = data.rfind(b"\n") + 1
-            f.truncate(keep)
+            if _is_record_line(data[keep:]):
+                f.write(b"\n")
+                cut = 0
+            else:
+                f.truncate(keep)
+                cut = len(data) - keep
             f.flush()
             os.fsync(f.fileno())
-            return len(data) - keep
+            return cut
 
     def __contains__(self, key: str) -> bool:
         return key in self.done

@@ -10,10 +10,16 @@ the record, and the value `DROP` removes a field.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
+
+# The fault-injection fakes (kernels/fakes.py) are not product backends: the tests register them, through
+# the plugin variable that the runner's worker subprocesses and Ray tasks inherit.
+os.environ["ATTNMATRIX_BACKEND_PLUGINS"] = ",".join(
+    filter(None, [os.environ.get("ATTNMATRIX_BACKEND_PLUGINS", ""), "attnmatrix.kernels.fakes"]))
 
 DROP = object()  # make_record(reason=DROP) removes the field
 

@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from attnmatrix.matrix import evidence
 from click.testing import CliRunner, Result
 
 from attnmatrix import project
@@ -45,14 +44,14 @@ def test_validate_lists_every_malformed_line(tmp_path: Path, make_record, write_
     f = write_jsonl(tmp_path / "bad.jsonl", [make_record(head_dim=64), bad_outcome, "{oops", make_record(),
                                              bad_dtype])
     r = run("validate", f)
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 2, r.output  # line 3 is not JSON: unreadable input, and every problem still listed
     assert f"{f}:2 [sm_90/fa2/prefill/bfloat16/96x96/causal]: outcome: 'nope'" in r.stderr
     assert f"{f}:3: (json): not valid JSON" in r.stderr
     assert f"{f}:5: case.dtype: 'int4'" in r.stderr
     assert "3 problem(s) found" in r.stderr
 
     j = run("validate", "--no-embedded", "--json", f)
-    assert j.exit_code == 1
+    assert j.exit_code == 2
     rows = [json.loads(line) for line in j.stdout.splitlines()]
     assert [(x["file"], x["line"], x["field"]) for x in rows] == [
         (str(f), 2, "outcome"), (str(f), 3, "(json)"), (str(f), 5, "case.dtype")]
@@ -83,10 +82,10 @@ def test_merge_refuses_contradictions(tmp_path: Path, make_record, write_jsonl) 
     out = tmp_path / "merged.jsonl"
     r = run("merge", a, b, "-o", out)
     assert r.exit_code == 1, r.output
-    assert f"{b}:1 [sm_90/fa2/prefill/bfloat16/128x128/causal]: (record): contradicts {a}:2" in r.stderr
+    assert f"{b}:1 [sm_90/fa2/prefill/bfloat16/128x128/causal]: outcome: contradicts {a}:2" in r.stderr
     assert not out.exists() and f"not written: {out}" in r.stderr
 
-    out.write_text("previous merge\n")
+    write_jsonl(out, [make_record(run_id="r0", head_dim=32)])  # an earlier merge: ours, but kept on failure
     before = sha(out)
     assert run("merge", a, b, "-o", out).exit_code == 1
     assert sha(out) == before
@@ -256,7 +255,8 @@ def test_probe_end_to_end(tmp_path: Path) -> None:
 def _tree(tmp_path: Path) -> Path:
     """A copy of what generate/check need from the checkout: mkdocs.yml, site/, matrix/data/, the selector."""
     root = tmp_path / "tree"
-    (root / "matrix" / "data").mkdir(parents=True)
+    (root / "matrix").mkdir(parents=True)
+    shutil.copytree(REPO / "matrix" / "data", root / "matrix" / "data")  # the one checkout read and written
     shutil.copy(REPO / "mkdocs.yml", root / "mkdocs.yml")
     if (REPO / "site").is_dir():
         shutil.copytree(REPO / "site", root / "site")
@@ -327,18 +327,16 @@ def test_check_clean_then_one_flipped_byte(tmp_path: Path, generator) -> None:
 def test_check_invalid_matrix_lists_every_problem(tmp_path: Path, make_record, write_jsonl,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     root = _tree(tmp_path)
-    embedded = tmp_path / "embedded-results"
     no_error = make_record(head_dim=64)
     del no_error["error"]
-    f = write_jsonl(embedded / "bad.jsonl", [make_record(backend="fa9"), "{", no_error])
-    monkeypatch.setattr(evidence, "RESULTS_DIR", embedded)
+    f = write_jsonl(root / "matrix" / "data" / "results" / "bad.jsonl", [make_record(backend="fa9"), "{", no_error])
     before = _snapshot(root)
     r = run("check", "--root", root)
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 2, r.output  # a line that is not JSON: unreadable input
     assert f"{f}:1 [sm_90/fa9/prefill/bfloat16/128x128/causal]: case.backend" in r.stderr
     assert f"{f}:2: (json)" in r.stderr
     assert f"{f}:3 [sm_90/fa2/prefill/bfloat16/64x64/causal]: error" in r.stderr
     assert "3 problem(s) found" in r.stderr
     g = run("generate", "--root", root)
-    assert g.exit_code == 1 and "not generated" in g.stderr
+    assert g.exit_code == 2 and "not generated" in g.stderr
     assert _snapshot(root) == before

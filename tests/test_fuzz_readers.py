@@ -454,7 +454,8 @@ def test_cli_validate_hostile_file(plan: Plan, runner: CliRunner, fast_cli: None
         check_broken_lines_reported(problems, plan)
         assert {p.line for p in problems} <= set(plan.broken) | plan.contradicted | plan.unknown_backend
         for ln in plan.contradicted:
-            assert any(p.line == ln and p.field == "(record)" for p in problems), (ln, problems)
+            assert any(p.line == ln and p.field.startswith("extra.") and "contradicts" in p.message
+                       for p in problems), (ln, problems)
         for ln in plan.unknown_backend:
             assert any(p.line == ln and p.field == "case.backend" for p in problems), (ln, problems)
         # The human format names the same places: FILE:LINE, then the field.

@@ -32,8 +32,8 @@ def test_contradiction_reported_with_both_locations(make_rec) -> None:
     crashed = make_rec(run_id="run-1", outcome="crash", reason="SIGSEGV")
     merged, problems = merge_records([(passed, "a.jsonl:3"), (crashed, "b.jsonl:9")])
     (p,) = problems
-    assert (p.file, p.line, p.field, p.record) == ("b.jsonl", 9, "(record)", passed.key)
-    assert "contradicts a.jsonl:3" in p.message and "pass vs crash" in p.message
+    assert (p.file, p.line, p.field, p.record) == ("b.jsonl", 9, "outcome", passed.key)
+    assert "contradicts a.jsonl:3" in p.message and "outcome: 'pass' vs 'crash'" in p.message
     assert merged == [passed]
 
 
@@ -85,7 +85,7 @@ def test_validate_reports_every_problem(make_rec, make_record) -> None:
     ])
     got = sorted((p.file, p.line, p.field) for p in validate_evidence(ev))
     assert got == [("a.jsonl", 1, "case.backend"), ("a.jsonl", 2, "tier"), ("a.jsonl", 3, "error"),
-                   ("b.jsonl", 5, "(record)")]
+                   ("b.jsonl", 5, "outcome")]
 
 
 def test_conflicting_declared_facts_flagged(make_rec) -> None:

@@ -93,9 +93,10 @@ def test_runner_records_become_compiled_tier(tmp_path):
 
 
 # A backend whose compile_only aborts the process for head_dim 64 (as FA4's backward does on a CPU
-# torch) and "compiles" otherwise; registered in the worker through sitecustomize.
+# torch) and "compiles" otherwise; a plugin module, registered in the workers through the plugin variable.
 _FAKE = '''
 import os
+from attnmatrix.kernels import registry
 from attnmatrix.kernels.base import Backend
 
 def _compile(p):
@@ -104,20 +105,15 @@ def _compile(p):
     return {"compile_s": 0.0}
 
 XC = Backend("fake_xc", "torch", "cpu", ("torch",), lambda p: None, lambda c: "fake", compile_only=_compile)
-'''
-_SITE = '''
-import os
-if os.environ.get("ATTNMATRIX_MODE") == "xcompile":
-    from attnmatrix.kernels import base
-    base.BACKEND_MODULES["fake_xc"] = "xc_fake_backend:XC"
+registry.register(XC, label="test fake: aborts while compiling head dim 64")
 '''
 
 
 @pytest.mark.slow
 def test_a_dying_worker_is_a_crash_record_and_the_sweep_goes_on(tmp_path, monkeypatch):
     (tmp_path / "xc_fake_backend.py").write_text(textwrap.dedent(_FAKE))
-    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(_SITE))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("ATTNMATRIX_BACKEND_PLUGINS", "xc_fake_backend")
     cases = [Case("sm_90", "fake_xc", "prefill", "bfloat16", d, d, ("causal",)) for d in (64, 128)]
     out = tmp_path / "x.jsonl"
     summary = xcompile.xcompile_cases(cases, out, ["sm_90a"], timeout_s=60)

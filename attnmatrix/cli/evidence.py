@@ -1,0 +1,280 @@
+"""Commands over the evidence: validate, merge, generate, check (and --reprobe), snapshot, diff."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import click
+from tabulate import tabulate
+
+from attnmatrix import project as project_mod
+from attnmatrix import workflow
+from attnmatrix.matrix.evidence import Evidence, load_evidence
+from attnmatrix.matrix.policy import resolve
+from attnmatrix.matrix.records import UNINFORMATIVE_OUTCOMES
+from attnmatrix.matrix.storage import (
+    InputError,
+    Problem,
+    atomic_write_text,
+    check_result_file,
+    read_records,
+    write_records,
+)
+
+from . import main
+from .common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    exit_code_for,
+    fail_input,
+    load,
+    load_for_reading,
+    locate,
+    render,
+    report,
+)
+
+
+@main.command()
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--no-embedded", is_flag=True, help="Check only FILES, not the embedded matrix.")
+@click.option("--json", "as_json", is_flag=True, help="Print problems as JSON Lines.")
+def validate(files, no_embedded, as_json) -> None:
+    """Check result files (and the matrix): schema, known backends, contradictions.
+
+    Every problem is listed with its file, line, record and field. Exit 1 if a record is wrong; exit 2 if
+    a line is not JSON at all (a truncated write, another file's text): the input is unreadable.
+    """
+    proj = locate(say=not as_json)
+    ev, problems = load(proj, tuple(str(f) for f in files), embedded=not no_embedded)
+    if as_json:
+        for p in problems:
+            click.echo(json.dumps({"file": p.file, "line": p.line, "record": p.record, "field": p.field,
+                                   "message": p.message}, sort_keys=True))
+    else:
+        report(problems)
+        if not problems:
+            click.echo(f"ok: {len(ev.records)} records from {len(ev.files)} file(s), no problems")
+    sys.exit(exit_code_for(problems))
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Merged JSON Lines file (written atomically; untouched on failure). An existing file must be "
+                   "a result file: anything else is refused, untouched.")
+def merge(files, out) -> None:
+    """Merge result files into one: exact duplicates dropped, contradictions refused (exit 1).
+
+    Evidence that merely disagrees (two machines, two versions) is kept: the resolution policy decides
+    later, and `explain` shows both. Records of backends that could not be imported (`unavailable`) are
+    not evidence about a kernel: they are dropped, and counted.
+    """
+    from attnmatrix.matrix.merge import merge_records
+
+    try:
+        check_result_file(out)
+    except InputError as e:
+        fail_input(e.problems)
+    problems: list[Problem] = []
+    try:
+        ev = load_evidence(list(files), include_embedded=False, declared=None, problems=problems)
+    except InputError as e:
+        fail_input(e.problems)
+    if exit_code_for(problems) == EXIT_USAGE:
+        report(problems)
+        click.echo(f"not written: {out}", err=True)
+        sys.exit(EXIT_USAGE)
+    located = [(r, w) for r, w in zip(ev.records, ev.where, strict=True) if r.outcome not in UNINFORMATIVE_OUTCOMES]
+    dropped = len(ev.records) - len(located)
+    merged, contradictions = merge_records(located)
+    problems += contradictions
+    if problems:
+        report(problems)
+        click.echo(f"not written: {out}", err=True)
+        sys.exit(EXIT_FAILED)
+    try:
+        write_records(out, merged)
+    except OSError as e:
+        click.echo(f"error: {out}: cannot write: {e.strerror or e}", err=True)
+        sys.exit(EXIT_USAGE)
+    click.echo(f"merged {len(ev.records)} records from {len(ev.files)} file(s) into {len(merged)} in {out}"
+               + (f"; dropped {dropped} `unavailable` record(s) (the backend did not import)" if dropped else ""))
+
+
+@main.command()
+@click.option("--root", type=click.Path(file_okay=False),
+              help="Checkout to read and write (default: the one the current directory is in).")
+@click.option("--results", "extra", multiple=True, type=click.Path(path_type=Path),
+              help="Extra result files or folders to include beside the matrix (the output then no longer "
+                   "matches the committed matrix: `check` fails until they are merged into it).")
+def generate(root, extra) -> None:
+    """Write the selector module and the docs pages from the matrix (byte-identical for the same matrix)."""
+    proj = locate(root, need_checkout=True)
+    ev, problems = load(proj, tuple(str(e) for e in extra))
+    if problems:
+        report(problems)
+        click.echo("not generated: the matrix is invalid", err=True)
+        sys.exit(exit_code_for(problems))
+    files = render(ev, proj)
+    changed = [p for p, text in sorted(files.items()) if atomic_write_text(proj.root / p, text)]
+    click.echo(f"generated {len(files)} file(s) from matrix {project_mod.matrix_id(ev, proj.data_dir)}; "
+               f"{len(changed)} changed")
+    for p in changed:
+        click.echo(f"  wrote {p}")
+
+
+@main.command()
+@click.option("--root", type=click.Path(file_okay=False),
+              help="Checkout to check (default: the one the current directory is in).")
+@click.option("--reprobe", is_flag=True, help="Also re-probe this machine's validated claims for the backends "
+                                              "installed here, and fail if one no longer holds.")
+@click.option("--sample", type=click.IntRange(min=1), default=None,
+              help="--reprobe: re-check at most N claims, spread evenly over backends, head dims and features "
+                   "(default: all of them).")
+@click.option("--seed", type=int, default=0, show_default=True, help="--reprobe --sample: which sample.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="--reprobe: worker processes (default: one per CPU core).")
+@click.option("--timeout", type=float, default=180.0, show_default=True, help="--reprobe: seconds per case.")
+@click.option("--max-diff-lines", type=int, default=60, show_default=True)
+def check(root, reprobe, sample, seed, workers, timeout, max_diff_lines) -> None:
+    """CI gate: the matrix is valid and every generated file is byte-identical to a fresh generation.
+
+    With --reprobe (GPU CI; it needs the kernels installed): re-run the matrix's validated claims about this
+    machine's arch for the backends installed here, with a progress bar, and fail (exit 1) if one no longer
+    holds. --sample N keeps a GPU CI job short: `check --reprobe --sample 200` on one H200.
+    """
+    proj = locate(root, need_checkout=True)
+    ev, problems = load(proj)
+    failed = False
+    if problems:
+        report(problems)
+        sys.exit(exit_code_for(problems))
+    else:
+        files = render(ev, proj)
+        stale = []
+        for p, text in sorted(files.items()):
+            path = proj.root / p
+            current = path.read_text(encoding="utf-8") if path.exists() else None
+            if current != text:
+                stale.append(p)
+                diff = list(difflib.unified_diff((current or "").splitlines(), text.splitlines(),
+                                                 f"{p} (on disk)", f"{p} (generated)", lineterm=""))
+                for line in diff[:max_diff_lines]:
+                    click.echo(line)
+                if len(diff) > max_diff_lines:
+                    click.echo(f"... {len(diff) - max_diff_lines} more diff lines")
+        if stale:
+            click.echo(f"{len(stale)} generated file(s) are stale: {', '.join(stale)}; run `attnmatrix generate`",
+                       err=True)
+            failed = True
+        else:
+            click.echo(f"ok: {len(files)} generated files match matrix {project_mod.matrix_id(ev, proj.data_dir)}")
+    if reprobe and not failed:
+        failed = _reprobe(ev, sample=sample, seed=seed, workers=workers, timeout=timeout)
+    sys.exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+def _reprobe(ev: Evidence, *, sample: int | None, seed: int, workers: int | None, timeout: float) -> bool:
+    """Re-run the claims `workflow.reprobe_claims` picks; True if one no longer holds."""
+    import time
+
+    from attnmatrix.kernels.env import local_arch
+
+    from .probing import _local_device, local_sweep
+
+    dev = _local_device()
+    arch = local_arch(dev)
+    plan = workflow.plan_backends(workflow.backends_for(dev), dev)
+    for n, why in sorted(plan.not_installed.items()):
+        click.echo(f"reprobe: not installed here, its claims not re-checked: {n} ({why})", err=True)
+    claims = workflow.reprobe_claims(resolve(ev), arch, plan.ready)
+    if not claims:
+        click.echo(f"reprobe: no validated claims for {arch} by the backends installed here "
+                   f"({', '.join(plan.ready) or 'none'}); nothing to re-check")
+        return False
+    chosen = workflow.stratified_sample(claims, sample, seed=seed) if sample else claims
+    per_backend = Counter(c.case.backend for c in chosen)
+    click.echo(f"reprobe: {len(chosen)} of {len(claims)} validated claims for {arch} "
+               f"({', '.join(f'{b} {n}' for b, n in sorted(per_backend.items()))})", err=True)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "reprobe.jsonl"
+        local_sweep([c.case for c in chosen], out, device=dev, workers=workers or workflow.default_workers(),
+                    timeout=timeout, timing=False, label="reprobing")
+        now = {rec.key: rec for _, rec in read_records(out)}
+    broken = workflow.broken_claims(chosen, now)
+    wall = time.monotonic() - t0
+    if broken:
+        click.echo(tabulate([[c.case.key, c.outcome, rec.outcome if rec else "missing",
+                              ((rec.reason or "") if rec else "")[:80]] for c, rec in broken],
+                            headers=["cell", "claimed", "now", "reason"]))
+        click.echo(f"reprobe: {len(broken)} of {len(chosen)} claims no longer hold ({wall:.0f} s)", err=True)
+        return True
+    click.echo(f"reprobe: all {len(chosen)} re-checked validated claims for {arch} still hold ({wall:.0f} s)")
+    return False
+
+
+@main.command()
+@click.option("--root", type=click.Path(file_okay=False), help="Checkout to snapshot (default: the current one).")
+@click.option("--json", "as_json", is_flag=True)
+def snapshot(root, as_json) -> None:
+    """Record the current matrix as the previous version, before adding new evidence.
+
+    The docs' changelog page is the diff from this snapshot (matrix/data/history/previous.jsonl) to
+    the matrix being generated. Take one when a matrix version is published, then commit new results.
+    """
+    from attnmatrix.matrix.history import dump_snapshot
+
+    proj = locate(root, need_checkout=True, say=not as_json)
+    ev, problems = load(proj)
+    if problems:
+        report(problems)
+        sys.exit(exit_code_for(problems))
+    mid = project_mod.matrix_id(ev, proj.data_dir)
+    atomic_write_text(proj.snapshot_file, dump_snapshot(resolve(ev), mid))
+    msg = {"matrix_id": mid, "file": str(proj.snapshot_file)}
+    click.echo(json.dumps(msg) if as_json else f"snapshot of matrix {mid} written to {proj.snapshot_file}")
+
+
+def _load_side(spec: str) -> Evidence:
+    if spec == "embedded":
+        return load_for_reading(locate(say=False), ())
+    problems: list[Problem] = []
+    try:
+        ev = load_evidence([spec], include_embedded=False, problems=problems, data_dir=locate(say=False).data_dir)
+    except InputError as e:
+        fail_input(e.problems)
+    if problems:
+        report(problems)
+        sys.exit(EXIT_USAGE)
+    return ev
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--threshold", type=float, default=0.10, show_default=True, help="Relative latency change to report.")
+@click.option("--json", "as_json", is_flag=True)
+def diff(a, b, threshold, as_json) -> None:
+    """What changed from matrix A to matrix B (result files or folders; `embedded` for the committed one).
+
+    A file with problems is unusable input: they are listed and the exit code is 2.
+    """
+    from attnmatrix.matrix.diff import diff_matrices
+
+    changes = diff_matrices(resolve(_load_side(a)), resolve(_load_side(b)), speed_threshold=threshold)
+    if as_json:
+        for c in changes:
+            click.echo(json.dumps(c.to_json(), sort_keys=True))
+        return
+    counts = Counter(c.kind for c in changes)
+    click.echo(tabulate([[c.kind, c.key, c.before, c.after] for c in changes],
+                        headers=["change", "cell", "before", "after"]))
+    click.echo("\n" + (", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no changes"))

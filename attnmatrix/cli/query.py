@@ -1,0 +1,167 @@
+"""Commands that read the resolved matrix: show and explain."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from tabulate import tabulate
+
+from attnmatrix.matrix.cases import DTYPES, OPS, CaseError, normalize_arch
+from attnmatrix.matrix.policy import (
+    SUPPORTED,
+    ResolvedMatrix,
+    arch_sort_key,
+    describe,
+    resolve,
+)
+
+from . import main
+from .common import UsageError, head_size_callback, load_for_reading, locate, page_size_callback
+
+# --- reading the matrix ------------------------------------------------------------------------
+
+
+def _filters(f):
+    opts = [
+        click.option("--arch", help="e.g. sm_90, sm_100 (a/f suffixes and 9.0 accepted)."),
+        click.option("--backend"),
+        click.option("--op", type=click.Choice(OPS)),
+        click.option("--dtype", type=click.Choice(DTYPES)),
+        click.option("--head-dim", type=int, callback=head_size_callback),
+        click.option("--head-dim-v", type=int, callback=head_size_callback),
+        click.option("--feature", "features", multiple=True, help="Cells whose features include this token."),
+        click.option("--status", type=click.Choice(["supported", "unsupported", "unknown"])),
+        click.option("--tier", type=click.Choice(["validated", "compiled", "declared"])),
+        click.option("--results", "extra", multiple=True, type=click.Path(path_type=Path),
+                     help="Extra result files/folders beside the embedded matrix."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _select(m: ResolvedMatrix, arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier):
+    try:
+        arch = normalize_arch(arch) if arch else None
+    except CaseError as e:
+        raise UsageError(f"--arch: {e}") from None
+    if backend and not any(b == backend or b.startswith(backend + "_") for b in m.backends):
+        raise UsageError(f"--backend: unknown backend {backend!r} (known: {', '.join(sorted(m.backends))})")
+    cells = [c for c in m.cells.values()
+             if (arch is None or c.case.arch == arch)
+             and (backend is None or c.case.backend == backend or c.case.backend.startswith(backend + "_"))
+             and (op is None or c.case.op == op) and (dtype is None or c.case.dtype == dtype)
+             and (head_dim is None or c.case.head_dim == head_dim)
+             and (head_dim_v is None or c.case.head_dim_v == head_dim_v)
+             and all(f in c.case.features for f in features)
+             and (status is None or c.status == status) and (tier is None or c.tier == tier)]
+    return sorted(cells, key=lambda c: (arch_sort_key(c.case.arch), c.case))
+
+
+STATUS_MARK = {"supported": "yes", "unsupported": "no", "unknown": "?"}
+
+
+@main.command()
+@_filters
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
+              show_default=True, help="json prints one JSON object per cell (JSON Lines).")
+@click.option("--limit", type=int, default=None, help="Show at most this many cells.")
+def show(arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier, extra, fmt, limit) -> None:
+    """The resolved matrix: one row per cell, filtered. `--backend trtllm` matches every trtllm_* backend."""
+    m = resolve(load_for_reading(locate(say=False), extra))
+    cells = _select(m, arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier)[:limit]
+    if fmt == "json":
+        for c in cells:
+            click.echo(json.dumps(c.to_json(), sort_keys=True, ensure_ascii=False))
+        return
+    rows = [[c.case.arch, c.case.backend, c.case.op, c.case.dtype, f"{c.case.head_dim}x{c.case.head_dim_v}",
+             "+".join(c.case.features) or "-", STATUS_MARK[c.status], c.tier or "-",
+             f"{c.latency_ms:.4g}" if c.latency_ms else "", f"{c.tflops:.1f}" if c.tflops else "",
+             (c.reason or "").replace("\n", " ")[:70]] for c in cells]
+    headers = ["arch", "backend", "op", "dtype", "dims", "features", "ok", "tier", "ms", "TFLOP/s", "reason"]
+    click.echo(tabulate(rows, headers=headers, tablefmt="github" if fmt == "markdown" else "simple"))
+    if fmt == "table":
+        click.echo(f"\n{len(cells)} cell(s)", err=True)
+
+
+@main.command()
+@click.option("--arch", help="e.g. sm_90 or sm_100a.")
+@click.option("--capability", help="Compute capability, e.g. 9.0 (alternative to --arch).")
+@click.option("--head-size", type=int, required=True, callback=head_size_callback)
+@click.option("--head-size-v", type=int, default=None, callback=head_size_callback,
+              help="V head size if different (MLA: 128 for 192).")
+@click.option("--op", type=click.Choice(OPS), default="prefill", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True)
+@click.option("--causal/--no-causal", default=True, show_default=True)
+@click.option("--sliding-window", is_flag=True)
+@click.option("--softcap", is_flag=True)
+@click.option("--alibi", is_flag=True)
+@click.option("--sinks", is_flag=True)
+@click.option("--gqa", is_flag=True)
+@click.option("--varlen", is_flag=True)
+@click.option("--page-size", type=int, default=None, callback=page_size_callback, help="Paged KV block size.")
+@click.option("--fp8", is_flag=True)
+@click.option("--results", "extra", multiple=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def explain(arch, capability, head_size, head_size_v, op, dtype, causal, sliding_window, softcap, alibi, sinks,
+            gqa, varlen, page_size, fp8, extra, as_json) -> None:
+    """For one query: the backends in order, and for every other backend every reason and its evidence."""
+    if not arch and not capability:
+        raise UsageError("give --arch or --capability")
+    try:
+        arch = normalize_arch(arch or capability)
+    except CaseError as e:
+        raise UsageError(str(e)) from None
+    from attnmatrix.generator import tables as T
+
+    try:
+        q = T.make_query(arch, head_size, head_size_v, op=op, dtype=dtype, causal=causal,
+                         sliding_window=sliding_window, softcap=softcap, alibi=alibi, sinks=sinks, gqa=gqa,
+                         varlen=varlen, page_size=page_size, fp8=fp8)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    hdv, feats = q.head_dim_v, q.features
+    m = resolve(load_for_reading(locate(say=False), extra))
+    ordered, answers = T.query(m, q)
+    backends = [a.backend for a in answers]
+    ranking = T.applicable_ranking(m, q)
+    query = {"arch": arch, "op": op, "dtype": dtype, "head_size": head_size, "head_size_v": hdv,
+             "features": list(feats)}
+    result = {"query": query, "order": [a.backend for a in ordered], "backends": {}}
+    for a in answers:
+        result["backends"][a.backend] = {
+            "status": a.status, "tier": a.tier, "latency_ms": a.latency_ms, "reasons": a.reasons, "basis": a.basis,
+            "ranked_on_fewer_shapes": a.marked,
+            "cells": [{"cell": c.case.key, "status": c.status, "tier": c.tier, "sources": c.sources,
+                       "conflicts": c.conflicts, "evidence": [describe(r) for r in c.evidence]} for c in a.cells],
+        }
+    if ranking:
+        result["declared_ranking"] = {"id": ranking.id, "order": list(ranking.order), "sources": list(ranking.sources),
+                                      "statement": ranking.statement}
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False))
+        return
+    click.echo(f"query: {arch} {op} {dtype} head {head_size}x{hdv} features {'+'.join(feats) or 'none'}")
+    if not backends:
+        click.echo(f"no evidence at all for {arch}: nothing can be recommended (conservative answer: [])")
+        return
+    click.echo("order: " + (", ".join(a.backend for a in ordered) or "(no supported backend)"))
+    if ranking:
+        click.echo(f"declared ranking {ranking.id}: {' > '.join(ranking.order)} ({'; '.join(ranking.sources)})")
+    for a in sorted(answers, key=lambda a: (a.status != SUPPORTED, a.backend)):
+        lat = f", {a.latency_ms:.4g} ms" if a.latency_ms else ""
+        click.echo(f"\n{a.backend}: {a.status} [{a.tier or 'no evidence'}{lat}]")
+        if a.basis:
+            click.echo(f"  order: {a.basis}")
+        for reason in a.reasons:
+            click.echo(f"  - {reason}")
+        for c in a.cells:
+            click.echo(f"  cell {c.case.key}: {c.status} ({c.tier})")
+            if c.reason and c.status != SUPPORTED:
+                click.echo(f"    reason: {c.reason}")
+            for s in c.sources:
+                click.echo(f"    source: {s}")
+            for cf in c.conflicts:
+                click.echo(f"    conflict: {cf}")
