@@ -325,7 +325,9 @@ def runner() -> CliRunner:
 def fast_cli(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI without the embedded declared facts (thousands of records validated on every call): the
     readers under test are the ones of FILE. The embedded facts get their own checks in test_cli.py."""
-    monkeypatch.setattr(cli, "load_evidence", functools.partial(evidence.load_evidence, declared=None))
+    from attnmatrix.cli import common
+
+    monkeypatch.setattr(common, "load_evidence", functools.partial(evidence.load_evidence, declared=None))
 
 
 def invoke(runner: CliRunner, args: list[str]):
@@ -340,8 +342,8 @@ def invoke(runner: CliRunner, args: list[str]):
 
 
 def expected_exit(plan: Plan, *, command: str) -> int:
-    if plan.bad_byte_line is not None:
-        return 2
+    if plan.bad_byte_line is not None or "(json)" in plan.broken.values():
+        return 2  # unreadable input: not UTF-8, or a line that is not JSON at all
     if plan.broken or plan.contradicted:
         return 1
     if command == "validate" and plan.unknown_backend:
@@ -444,7 +446,7 @@ def test_cli_validate_hostile_file(plan: Plan, runner: CliRunner, fast_cli: None
         path.write_bytes(plan.data)
         res = invoke(runner, ["validate", str(path), "--no-embedded", "--json"])
         assert res.exit_code == expected_exit(plan, command="validate"), (res.stdout, res.stderr)
-        if res.exit_code == 2:
+        if plan.bad_byte_line is not None:
             errors = [x for x in res.stderr.splitlines() if x.startswith("error: ")]
             assert errors and all(x.startswith(f"error: {path}:{plan.bad_byte_line}: (file): ") for x in errors)
             return
@@ -475,7 +477,8 @@ def test_cli_merge_hostile_file(plan: Plan, out_exists: bool, runner: CliRunner)
         out = d / "out" / "merged.jsonl"
         if out_exists:
             out.parent.mkdir()
-            out.write_bytes(b'{"previous": "content, must survive a failed merge"}\n')
+            # an earlier merge (a result file of ours: anything else is refused before the merge starts)
+            out.write_text(json.dumps(_base_record(10**6)) + "\n", encoding="utf-8")
         before, listing = sha(out), sorted(os.listdir(d))
         res = invoke(runner, ["merge", str(path), "-o", str(out)])
         assert res.exit_code == expected_exit(plan, command="merge"), (res.stdout, res.stderr)
@@ -539,13 +542,14 @@ def test_cli_large_file(tmp_path: Path, runner: CliRunner) -> None:
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     assert path.stat().st_size > 3_000_000
     out = tmp_path / "out.jsonl"
-    out.write_text("keep\n", encoding="utf-8")
+    keep = rows[0] + "\n"  # an earlier merge: a result file of ours, which a failed merge must leave as it is
+    out.write_text(keep, encoding="utf-8")
     res = invoke(runner, ["validate", str(path), "--no-embedded"])
-    assert res.exit_code == 1
+    assert res.exit_code == 2  # a line that is not JSON: unreadable input
     problems = [x for x in res.stderr.splitlines() if x.startswith("problem: ")]
     assert problems == [x for x in problems if x.startswith(f"problem: {path}:1502: (json): ")] and problems
     res = invoke(runner, ["merge", str(path), "-o", str(out)])
-    assert res.exit_code == 1 and out.read_text(encoding="utf-8") == "keep\n"
+    assert res.exit_code == 2 and out.read_text(encoding="utf-8") == keep
     rows[1501] = rows[1500].replace('"big-1500"', '"big-1501"')
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     res = invoke(runner, ["merge", str(path), "-o", str(out)])

@@ -78,13 +78,10 @@ def merge(files, out) -> None:
     """
     from attnmatrix.matrix.merge import merge_records
 
-    try:
-        check_result_file(out)
-    except InputError as e:
-        fail_input(e.problems)
     problems: list[Problem] = []
     try:
         ev = load_evidence(list(files), include_embedded=False, declared=None, problems=problems)
+        check_result_file(out)  # before anything is written: a file that is not ours is refused, untouched
     except InputError as e:
         fail_input(e.problems)
     if exit_code_for(problems) == EXIT_USAGE:
