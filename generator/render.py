@@ -181,6 +181,15 @@ def items(xs: list[PG.Item], sep: str = " · ") -> Raw:
     return Raw(sep.join(out))
 
 
+_LATENCY_RE = re.compile(r"\blatency (\d+(?:\.\d+)?(?:e[-+]?\d+)?) ms")
+
+
+def page_latencies(texts: Iterable[str]) -> list[str]:
+    """The engine's explanations with each `latency X ms` to 2 significant figures, for pages: reruns vary by about
+    ±10%, so further digits are noise to a reader (the selector's explain and the JSON keep the recorded value)."""
+    return [_LATENCY_RE.sub(lambda mo: f"latency {PG.sig2(float(mo.group(1)))} ms", str(t)) for t in texts]
+
+
 def capability_of(arch: str) -> str:
     if arch.startswith("sm_") and arch[3:].isdigit():
         n = arch[3:]
@@ -201,8 +210,8 @@ def _env(finalize) -> jinja2.Environment:
         keep_trailing_newline=True, undefined=jinja2.StrictUndefined, finalize=finalize,
     )
     env.filters.update(comment=py_comment, hcomment=html_comment, md=md_escape, md_join=md_join, code=md_code,
-                       claims=claims, items=items, arch_links=arch_links, capability=capability_of, raw=Raw,
-                       tuple=tuple)
+                       claims=claims, items=items, latencies=page_latencies, arch_links=arch_links,
+                       capability=capability_of, raw=Raw, tuple=tuple)
     return env
 
 

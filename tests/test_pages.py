@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,14 @@ def test_committed_site_files_are_small():
     big = {str(p.relative_to(REPO / "site")): p.stat().st_size for p in (REPO / "site").rglob("*")
            if p.is_file() and p.stat().st_size > SITE_FILE_LIMIT}
     assert set(big) <= OVERSIZE_ELSEWHERE, big
+
+
+def test_explanations_on_pages_show_two_significant_figures():
+    """The MLA and FA-version pages quote the engine's explanations; their latencies are rounded for readers."""
+    from attnmatrix.generator.render import page_latencies
+
+    assert page_latencies(["fa4: validated, latency 0.46704 ms, by measured latency", "fa3: unmeasured"]) == \
+        ["fa4: validated, latency 0.47 ms, by measured latency", "fa3: unmeasured"]
+    text = (REPO / "site" / "mla-prefill.md").read_text(encoding="utf-8")
+    shown = re.findall(r"latency (\d+(?:\.\d+)?) ms", text)
+    assert shown and all(len(x.replace(".", "").strip("0")) <= 2 for x in shown), shown
