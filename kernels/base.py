@@ -31,6 +31,9 @@ class Backend:
     entry: Callable[[Case], str]  # the library function the case calls, for the record
     # Optional: compile the kernels for a case without running them (FA4's CuTe DSL can).
     compile_only: Callable[[Problem], dict] | None = None
+    # The CuTe DSL package of an FA4 copy (`flash_attn.cute`, `vllm.vllm_flash_attn.cute`): where
+    # cross-compilation answers the kernels' compile-time SM-count query (see xcompile.py).
+    cute_package: str | None = None
 
     @classmethod
     def declare(cls, name: str, prepare: Callable[[Problem], Callable[[], torch.Tensor]],
@@ -47,6 +50,12 @@ class Backend:
             except Exception as e:  # noqa: BLE001 - any import failure makes it unavailable
                 return f"cannot import {mod}: {type(e).__name__}: {e}"
         return None
+
+    def version(self) -> str:
+        """The kernel's version for provenance: the library distribution's."""
+        from .env import package_version
+
+        return package_version(self.library) or "unknown"
 
 
 def known_backends() -> list[str]:

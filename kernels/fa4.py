@@ -126,10 +126,9 @@ def prepare(p: Problem) -> Callable[[], torch.Tensor]:
 
 # --- compile without running ----------------------------------------------------------------------------------
 
-def _compile_caches() -> dict[str, object]:
-    """FA4's in-process compile caches (`_flash_attn_fwd.compile_cache` and friends), by name."""
-    from flash_attn.cute import interface
-
+def _compile_caches(interface) -> dict[str, object]:
+    """FA4's in-process compile caches (`_flash_attn_fwd.compile_cache` and friends) of an FA4
+    `interface` module, by name."""
     out = {}
     for name, obj in vars(interface).items():
         cache = getattr(obj, "compile_cache", None)
@@ -212,22 +211,29 @@ def _fake_cuda(t: torch.Tensor) -> torch.Tensor:
 
 
 def compile_only(p: Problem) -> dict:
-    """Compile FA4's forward kernel(s) for `p` without running them: FA4 under `FakeTensorMode`
-    builds and compiles, and skips the launch (its `is_fake_mode()` check).
+    """Compile FA4's forward kernel(s) for `p` without running them (see `compile_with_fake_tensors`).
+    Raises what FA4 raises, `Unsupported` as `prepare` does."""
+    call = build_call(p)
+    import flash_attn.cute as fa4
+    from flash_attn.cute import interface
+
+    return compile_with_fake_tensors(interface, getattr(fa4, call.func), call)
+
+
+def compile_with_fake_tensors(interface, fn: Callable, call: FA4Call) -> dict:
+    """Run `fn` (an FA4 entry point of the copy whose `interface` module is given) on fake CUDA tensors
+    under `FakeTensorMode`: FA4 builds and compiles the forward kernel and skips the launch (its
+    `is_fake_mode()` check). Shared by every FA4 copy (upstream `flash-attn-4`, vLLM's).
 
     Returns `compile_s` (wall), `compile_cpu_s` (this process's CPU time), `kernels` (how many new
     compiled functions FA4 cached; 0 when this process had already compiled the same kernel, so the
     times are FA4's host-side work only), `cubin_bytes` and `cubin_sm` when readable (see `cubin_facts`),
     and `disk_cache_hits` when FA4's persistent cache (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1)
-    served a kernel instead of compiling it. Raises what FA4 raises, `Unsupported` as `prepare` does.
+    served a kernel instead of compiling it. Raises what FA4 raises.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    call = build_call(p)
-    import flash_attn.cute as fa4
-
-    fn = getattr(fa4, call.func)
-    caches = _compile_caches()
+    caches = _compile_caches(interface)
     before = {name: set(c.cache) for name, c in caches.items()}
     t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
@@ -281,4 +287,4 @@ class FA4Backend(Backend):
         return why
 
 
-FA4 = FA4Backend.declare("fa4", prepare, entry, compile_only=compile_only)
+FA4 = FA4Backend.declare("fa4", prepare, entry, compile_only=compile_only, cute_package=MODULE)

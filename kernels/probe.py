@@ -16,7 +16,7 @@ from attnmatrix.matrix.cases import Case
 from attnmatrix.matrix.records import Record, Timing
 
 from .base import Backend, load_backend
-from .env import device_provenance, package_version
+from .env import device_provenance
 from .flops import problem_flops
 from .problem import CPU_TIMING_SHAPES, RECIPE, TIMING_SHAPES, VALIDATION_SHAPES, Problem, Unsupported, make_problem
 from .reference import compare, reference_attention
@@ -97,7 +97,7 @@ def _poison_allocator(device: str) -> None:
 def kernel_provenance(backend: Backend, base: dict) -> dict:
     prov = dict(base)
     prov["library"] = backend.library
-    prov["kernel_version"] = package_version(backend.library) or "unknown"
+    prov["kernel_version"] = backend.version()
     return prov
 
 

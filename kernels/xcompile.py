@@ -120,15 +120,22 @@ def target_env(target: str, num_sms: int | None = None, cache_dir: str | None = 
     return env
 
 
-def xcompile_provenance(target: str, num_sms: int | None = None) -> dict:
-    """Provenance of a compile-only record; importlib.metadata only, so FA4 need not be imported."""
+def xcompile_provenance(target: str, num_sms: int | None = None, backend: str = "fa4") -> dict:
+    """Provenance of a compile-only record; package metadata only, so FA4 need not be imported. The
+    CuTe DSL's and tvm-ffi's versions are this environment's: the ones the kernels were compiled with."""
+    from .base import load_backend
+
+    be = load_backend(backend)
     prov = device_provenance("cpu")
     prov["host_cpu"] = prov.pop("device")
     prov.update({
-        "device": DEVICE, "library": "flash-attn-4", "kernel_version": package_version("flash-attn-4") or "unknown",
+        "device": DEVICE, "library": be.library, "kernel_version": be.version(),
         "cutlass_dsl": package_version("nvidia-cutlass-dsl") or "unknown", "target": target,
         "num_sms": str(num_sms or default_num_sms(target)),
     })
+    tvm = package_version("apache-tvm-ffi")
+    if backend != "fa4" and tvm:
+        prov["tvm_ffi"] = tvm
     return prov
 
 
@@ -138,7 +145,7 @@ class TargetMismatch(RuntimeError):
 
 def _ensure_process_target(target: str, num_sms: int) -> None:
     """Set the three variables if FA4/the DSL are not imported yet; else check they already match."""
-    imported = [m for m in ("flash_attn.cute", "cutlass") if m in sys.modules]
+    imported = [m for m in ("flash_attn.cute", "vllm.vllm_flash_attn.cute", "cutlass") if m in sys.modules]
     want = {**{n: target for n in ARCH_ENVS}, NUM_SMS_ENV: str(num_sms)}
     have = {n: os.environ.get(n) for n in want}
     if have == want:
@@ -166,15 +173,19 @@ class _TargetHardwareInfo:
         raise RuntimeError(f"cross-compiling without the target GPU: HardwareInfo.{name} cannot be answered")
 
 
-def _install_hardware_shim() -> bool:
-    """Replace HardwareInfo where FA4 reaches it, if this process sees no GPU. True if installed."""
+def _install_hardware_shim(cute_package: str = "flash_attn.cute") -> bool:
+    """Replace HardwareInfo where an FA4 copy (its CuTe package, e.g. `flash_attn.cute`) reaches it, if
+    this process sees no GPU. True if installed."""
+    import importlib
+
     import torch
 
     if torch.cuda.is_available():
         return False
     import cutlass.utils
     import cutlass.utils.hardware_info as hw
-    from flash_attn.cute import tile_scheduler
+
+    tile_scheduler = importlib.import_module(f"{cute_package}.tile_scheduler")
 
     for mod in (cutlass.utils, hw, tile_scheduler):
         if hasattr(mod, "HardwareInfo"):
@@ -210,7 +221,7 @@ def _library_reason(exc: BaseException) -> str:
     code = last.tb_frame.f_code
     line = linecache.getline(code.co_filename, last.tb_lineno).strip()
     where = code.co_filename
-    m = re.search(r"(?:site|dist)-packages/(.*)$", where)
+    m = re.search(r"(?:site|dist)-packages/(.*)$", where) or re.search(r"/(vllm/vllm_flash_attn/.*)$", where)
     where = m.group(1) if m else os.path.basename(where)
     return f"{name} (no message) at {where}:{last.tb_lineno}: {line}"[:2000]
 
@@ -238,7 +249,7 @@ def xcompile_case(case: Case, arch: str | None = None, *, num_sms: int | None = 
     target = normalize_target(arch or case.arch)
     num_sms = num_sms or default_num_sms(target)
     case = dataclasses.replace(case, arch=normalize_arch(target))
-    prov = xcompile_provenance(target, num_sms)
+    prov = xcompile_provenance(target, num_sms, case.backend)
     backend = load_backend(case.backend)
 
     def rec(outcome: str, **kw) -> Record:
@@ -252,7 +263,8 @@ def xcompile_case(case: Case, arch: str | None = None, *, num_sms: int | None = 
     if why:
         return rec("unavailable", reason=why)
     problem = make_problem(case, VALIDATION_SHAPES[case.op], device="cpu", seed=seed)
-    shim = case.backend == "fa4" and os.environ.get(SHIM_ENV, "1") != "0" and _install_hardware_shim()
+    shim = (backend.cute_package is not None and os.environ.get(SHIM_ENV, "1") != "0"
+            and _install_hardware_shim(backend.cute_package))
     queried = _TargetHardwareInfo.queried
     try:
         facts = backend.compile_only(problem)
@@ -290,7 +302,7 @@ class _CompiledTierStore:
 
     def append(self, rec: Record) -> None:
         if rec.tier != "compiled":
-            prov = xcompile_provenance(self.target, self.num_sms)
+            prov = xcompile_provenance(self.target, self.num_sms, rec.case.backend)
             prov["date"] = rec.provenance.get("date", prov["date"])
             rec = dataclasses.replace(rec, tier="compiled", provenance=prov)
         self.store.append(rec)
