@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from attnmatrix.matrix.cases import MLA_HEAD_DIMS
 from attnmatrix.matrix.evidence import default_rank
 from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix
+from attnmatrix.matrix.records import TIERS as RECORD_TIERS
 
 from attnmatrix.selector_engine import Engine, features_of
 
 from .capabilities import FA_COMMON_HEAD_SIZES, engine_for, is_test_only, selector_archs
 
-TIERS = ("validated", "compiled", "declared")
-TIER_MARK = {"validated": "✅", "compiled": "🔧", "declared": "📄"}
+TIERS = tuple(RECORD_TIERS)
+TIER_MARK = {"validated": "✅", "compiled": "🔧", "shipped": "📦", "declared": "📄"}
 UNSUPPORTED_MARK = "❌"
 UNKNOWN_MARK = "❔"
 # Labels for well-known MLA dims on the docs pages; presentation only.

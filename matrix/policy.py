@@ -4,8 +4,10 @@
    kernel that has informative evidence counts (evidence without a version, e.g. a declared fact
    about every version, always counts).
 2. Among what counts, the strongest tier wins, in this order:
-   validated  >  declared negative  >  compiled  >  declared positive.
-   Compiling is not running: a cited upstream "unsupported" outranks a successful compile.
+   validated  >  declared negative  >  compiled = shipped  >  declared positive.
+   Compiling is not running: a cited upstream "unsupported" outranks a successful compile. A
+   shipped binary (a prebuilt kernel for that exact arch and configuration, listed in the library's
+   own kernel table) is as strong as a compile and no stronger: it was built, never run here.
 3. Within the winning rank, a negative outcome beats a positive one (a kernel that failed anywhere
    is not safe to pick), and the disagreement is kept as a conflict.
 4. `unavailable` (the package did not import) says nothing about the kernel and never wins over
@@ -59,7 +61,7 @@ def rank(rec: Record) -> int:
         return 0
     if rec.tier == "declared" and not is_positive(rec):
         return 1
-    if rec.tier == "compiled":
+    if rec.tier in ("compiled", "shipped"):
         return 2
     return 3
 
@@ -72,6 +74,9 @@ def describe(rec: Record) -> str:
         return f"declared {rec.outcome} ({src})"
     ver = rec.kernel_version or "?"
     lib = p.get("library", "kernel")
+    if rec.tier == "shipped":
+        what = rec.reason if is_positive(rec) else "no matching kernel"
+        return f"shipped {rec.outcome} for {p.get('target', rec.case.arch)} in {lib} {ver}: {what}"
     where = p.get("device", "?") if rec.tier == "validated" else f"cross-compiled for {p.get('target', rec.case.arch)}"
     return f"{rec.tier} {rec.outcome} on {where} with {lib} {ver}, {p.get('date', '?')}"
 
@@ -79,6 +84,10 @@ def describe(rec: Record) -> str:
 def provenance_source(rec: Record) -> str:
     """The evidence line shown as a cell's source for measured or compiled records."""
     p = rec.provenance
+    if rec.tier == "shipped":
+        what = rec.reason if is_positive(rec) else "no matching kernel"
+        return (f"shipped: {what} ({p.get('library', 'kernel')} {rec.kernel_version or '?'} kernel table, "
+                f"for {p.get('target', rec.case.arch)})")
     bits = [p.get("device", "?")]
     for k, label in (("driver", "driver"), ("cuda", "CUDA"), ("torch", "torch")):
         if p.get(k):
@@ -98,6 +107,9 @@ class ResolvedCell:
     winner: Record | None
     evidence: list[Record] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    # Agreeing evidence of a stronger tier for an older kernel version (superseded by version, not
+    # contradicted): shown beside the winner's sources, e.g. a shipped binary under a newer declared fact.
+    corroborated_by: list[Record] = field(default_factory=list)
 
     @property
     def latency_ms(self) -> float | None:
@@ -120,9 +132,11 @@ class ResolvedCell:
     def sources(self) -> list[str]:
         if self.winner is None:
             return []
+        also = [f"also, for an older version: {provenance_source(r)}; {'; '.join(r.sources)}"
+                for r in self.corroborated_by]
         if self.winner.tier == "declared":
-            return list(self.winner.sources)
-        return [provenance_source(self.winner), *self.winner.sources]
+            return [*self.winner.sources, *also]
+        return [provenance_source(self.winner), *self.winner.sources, *also]
 
     def to_json(self) -> dict:
         c = self.case
@@ -170,9 +184,11 @@ def resolve_cell(records: Sequence[Record]) -> ResolvedCell:
             why = "same tier, negative wins" if rank(r) == rank(w) else "weaker evidence"
             conflicts.append(f"overruled ({why}): {describe(r)}")
     status = SUPPORTED if is_positive(w) else UNSUPPORTED
+    stronger = sorted((r for r in informative if r not in current and is_positive(r) == is_positive(w)
+                       and rank(r) < rank(w)), key=_sort_key)
     # evidence in policy order, not in the order files were read: a file's name must not change an answer
     return ResolvedCell(case, status, w.outcome, w.tier, w.reason, w, sorted(records, key=_sort_key),
-                        sorted(set(conflicts)))
+                        sorted(set(conflicts)), stronger[:1])
 
 
 @dataclass

@@ -18,21 +18,27 @@ from .cases import Case, CaseError
 SCHEMA_VERSION = 1
 
 # What happened when the case was probed.
-OUTCOMES = ["pass", "wrong", "rejected", "crash", "timeout", "unavailable", "compiled"]
-# How strong the evidence is, strongest first.
-TIERS = ["validated", "compiled", "declared"]
-POSITIVE_OUTCOMES = {"pass", "compiled"}
+OUTCOMES = ["pass", "wrong", "rejected", "crash", "timeout", "unavailable", "compiled", "shipped"]
+# How strong the evidence is, strongest first. `shipped`: a prebuilt binary for that exact arch and
+# configuration is listed in the library's own kernel table (e.g. flashinfer-cubin's
+# flashInferMetaInfo.h): as strong as a compile, not a run. The one tier table: display order and the
+# `TIER_ORDER` every reader (policy, pages, the generated selector's data) takes.
+TIERS = ["validated", "compiled", "shipped", "declared"]
+TIER_ORDER = {t: i for i, t in enumerate(TIERS)}
+POSITIVE_OUTCOMES = {"pass", "compiled", "shipped"}
 # Outcomes that say nothing about the kernel's support (the package was not importable).
 UNINFORMATIVE_OUTCOMES = {"unavailable"}
 
 TIER_OUTCOMES = {
     "validated": {"pass", "wrong", "rejected", "crash", "timeout", "unavailable"},
     "compiled": {"compiled", "rejected", "crash", "timeout", "unavailable"},
+    "shipped": {"shipped", "rejected"},
     "declared": {"pass", "rejected"},
 }
 PROVENANCE_REQUIRED = {
     "validated": ["device", "kernel_version", "torch", "date"],
     "compiled": ["kernel_version", "date"],
+    "shipped": ["library", "kernel_version", "date"],
     "declared": ["date"],
 }
 PROVENANCE_STRINGS = ["device", "kernel_version", "torch", "date", "target", "declared_id"]
@@ -238,8 +244,8 @@ def parse_record(d: Any) -> Record:
     if not isinstance(sources, list) or not all(isinstance(s, str) and s for s in sources):
         problems.append(("sources", "must be a list of non-empty strings"))
         sources = []
-    if tier == "declared" and not sources:
-        problems.append(("sources", "a declared record must cite at least one source"))
+    if tier in ("declared", "shipped") and not sources:
+        problems.append(("sources", f"a {tier} record must cite at least one source"))
     for name in ("entry", "run_id"):
         if d.get(name) is not None and not isinstance(d.get(name), str):
             problems.append((name, "must be a string"))

@@ -32,6 +32,7 @@ def main() -> None:
       attnmatrix probe --backends fa4,fa2    GPU: sweep kernels on the local GPU (resumable JSONL)
       attnmatrix probe --backends sdpa_cpu   CPU backends on any machine
       attnmatrix xcompile --arch sm_100a     compile-only FA4 evidence for a GPU you do not have (CPU is enough)
+      attnmatrix ingest-cubins WHEEL         shipped-binary evidence from a flashinfer-cubin wheel
       attnmatrix merge attnmatrix-results/sm_90.jsonl -o matrix/data/results/sm_90-mine.jsonl
       attnmatrix generate                    rewrite the selector and the docs from the matrix
       attnmatrix explain --arch sm_90 --head-size 256 --sliding-window
@@ -43,7 +44,8 @@ def main() -> None:
     input, 130 interrupted.
 
     Evidence tiers, strongest first: validated (ran here, checked against a float32 reference),
-    compiled (built for the arch without running), declared (an upstream source says so).
+    compiled (built for the arch without running), shipped (a prebuilt binary for the arch is listed
+    in the library's kernel table; as strong as compiled), declared (an upstream source says so).
     """
 
 

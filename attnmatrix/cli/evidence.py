@@ -275,3 +275,57 @@ def diff(a, b, threshold, as_json) -> None:
     click.echo(tabulate([[c.kind, c.key, c.before, c.after] for c in changes],
                         headers=["change", "cell", "before", "after"]))
     click.echo("\n" + (", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no changes"))
+
+
+@main.command("ingest-cubins")
+@click.argument("wheel", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Evidence file to write (default: matrix/data/results/sm_100+sm_103-trtllm-flashinfer-cubin"
+                   "<version>-shipped-<date>.jsonl in the checkout).")
+@click.option("--root", type=click.Path(file_okay=False), help="Checkout to write into (default: found from cwd).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the summary (kernels per arch, cells per head dims) as JSON.")
+def ingest_cubins(wheel, out, root, as_json) -> None:
+    """Shipped-binary evidence from a flashinfer-cubin wheel: which trtllm-gen kernels exist for sm_100/sm_103.
+
+    Reads the kernel table fmha/trtllm-gen/include/flashInferMetaInfo.h out of WHEEL (nothing in the
+    wheel is executed) and writes one record per cell of trtllm_ragged, trtllm_context and
+    trtllm_decode on sm_100 and sm_103 (tier `shipped`): `shipped` with the matching kernel's name, or
+    `rejected` with FlashInfer's lookup ("Trtllm-gen kernels not found: ...") and what the table has
+    instead. The same wheel always gives the same file. An existing OUT is replaced only if it holds
+    shipped records of flashinfer-cubin alone.
+
+    \b
+    Example:
+      pip download --no-deps flashinfer-cubin==0.6.13 -d /tmp/dl
+      attnmatrix ingest-cubins /tmp/dl/flashinfer_cubin-0.6.13-py3-none-any.whl
+    """
+    from attnmatrix.kernels import trtllm_cubins as tc
+
+    try:
+        table = tc.read_wheel(wheel)
+    except tc.CubinError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_USAGE)
+    # named by what it holds, as scripts/evidence_name.py derives it
+    name = f"{'+'.join(tc.ARCHS)}-trtllm-flashinfer-cubin{table.version}-shipped-{table.date.replace('-', '')}.jsonl"
+    path = out or locate(root, need_checkout=True).results_dir / name
+    if path.exists():
+        try:
+            old = read_records(path)
+        except InputError as e:
+            fail_input(e.problems)
+        foreign = [r for _, r in old if r.tier != "shipped" or r.provenance.get("library") != "flashinfer-cubin"]
+        if foreign:
+            click.echo(f"error: {path} holds records that are not flashinfer-cubin shipped evidence (first: "
+                       f"{foreign[0].key}, tier {foreign[0].tier}); not overwriting it", err=True)
+            sys.exit(EXIT_USAGE)
+    records = list(tc.shipped_records(table))
+    changed = write_records(path, records)
+    if as_json:
+        click.echo(tc.dumps_summary(table, records))
+        return
+    n_ok = sum(r.outcome == "shipped" for r in records)
+    click.echo(f"flashinfer-cubin {table.version} ({len(table.kernels)} kernels, artifact {table.artifact}): "
+               f"{len(records)} cells, {n_ok} shipped, {len(records) - n_ok} without a kernel")
+    click.echo(f"{'wrote' if changed else 'unchanged'} {path}")

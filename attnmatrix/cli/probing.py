@@ -340,7 +340,8 @@ def _probe_fleet(*, names, head_dims, features_spec, ops, dtypes, out: Path | No
 @click.option("--json", "as_json", is_flag=True)
 def xcompile(archs, backends, head_dims, features_spec, ops, dtypes, out, workers, timeout, cache_dir,
              as_json) -> None:
-    """Compile-only probes for GPUs that are not present (FlashAttention 4's CuTe DSL; a CPU is enough).
+    """Compile-only probes for GPUs that are not present (FlashAttention 4's CuTe DSL: upstream `fa4` and vLLM's
+    copy `vllm_fa4`; a CPU is enough).
 
     Each target runs in its own worker processes with FLASH_ATTENTION_ARCH, CUTE_DSL_ARCH and
     FLASH_ATTENTION_NUM_SMS set; the forward kernel is built under FakeTensorMode and not launched.
@@ -354,10 +355,13 @@ def xcompile(archs, backends, head_dims, features_spec, ops, dtypes, out, worker
       attnmatrix xcompile --arch sm_100a --head-dims 128,192x128,256,512 --features causal --dtypes bfloat16
     """
     from attnmatrix.kernels import xcompile as xc
+    from attnmatrix.kernels.base import load_backend
 
     names = parse_backends(backends) or ["fa4"]
-    if names != ["fa4"]:
-        raise UsageError("--backends: only fa4 can be cross-compiled (its CuTe DSL compiles without a GPU)")
+    cannot = [n for n in names if load_backend(n).compile_only is None]
+    if cannot:
+        raise UsageError(f"--backends: {', '.join(cannot)} cannot be cross-compiled (only the CuTe DSL FA4 copies, "
+                         "fa4 and vllm_fa4, compile without a GPU)")
     try:
         targets = [xc.normalize_target(a) for a in (archs or xc.DEFAULT_TARGETS)]
         for t in targets:

@@ -16,6 +16,7 @@ from attnmatrix.matrix.policy import (
     describe,
     resolve,
 )
+from attnmatrix.matrix.records import TIERS
 
 from . import main
 from .common import UsageError, head_size_callback, load_for_reading, locate, page_size_callback
@@ -33,7 +34,7 @@ def _filters(f):
         click.option("--head-dim-v", type=int, callback=head_size_callback),
         click.option("--feature", "features", multiple=True, help="Cells whose features include this token."),
         click.option("--status", type=click.Choice(["supported", "unsupported", "unknown"])),
-        click.option("--tier", type=click.Choice(["validated", "compiled", "declared"])),
+        click.option("--tier", type=click.Choice(TIERS)),
         click.option("--results", "extra", multiple=True, type=click.Path(path_type=Path),
                      help="Extra result files/folders beside the embedded matrix."),
     ]
