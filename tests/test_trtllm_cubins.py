@@ -8,13 +8,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from attnmatrix.cli import main
 from attnmatrix.kernels import trtllm_cubins as tc
 from attnmatrix.matrix.cases import Case
 from attnmatrix.matrix.policy import SUPPORTED, UNSUPPORTED, rank, resolve_cell
 from attnmatrix.matrix.records import TIER_ORDER, TIERS, Record, parse_record
 from attnmatrix.matrix.storage import dump_record, read_records
 from click.testing import CliRunner
+
+from attnmatrix.cli import main
 
 SAMPLE = Path(__file__).parent / "data" / "flashInferMetaInfo-sample.h"
 ARTIFACT = "158f6fa11ef139a098cfddcdddce73ca99d164ad"
@@ -83,8 +84,9 @@ def test_ragged_mla_dims_ship_with_the_kernel_name_and_line(table):
     assert r.sources[0].startswith(f"pypi:flashinfer-cubin==0.6.13:{HEADER}#L")
     assert r.provenance["target"] == "sm_100a" and r.provenance["library"] == "flashinfer-cubin"
     # fp8 q/k/v with bf16 output is its own kernel; sinks and ragged lengths do not change the lookup
-    assert rec(table, "sm_100", "trtllm_ragged", "mla_prefill", "bfloat16", 192, 128, "causal", "fp8").outcome == "shipped"
-    assert rec(table, "sm_100", "trtllm_ragged", "mla_prefill", "bfloat16", 192, 128, "causal", "sinks").outcome == "shipped"
+    for extra in ("fp8", "sinks"):
+        assert rec(table, "sm_100", "trtllm_ragged", "mla_prefill", "bfloat16", 192, 128, "causal", extra).outcome \
+            == "shipped"
 
 
 def test_a_missing_kernel_is_refused_in_the_loaders_terms(table):
@@ -122,7 +124,8 @@ def test_paged_kernels_are_keyed_by_page_size_and_dynamic_pages(table):
     assert (q.tokens_per_page, q.dynamic_pages) == (128, True)
     r = rec(table, "sm_100", "trtllm_decode", "decode", "bfloat16", 128, 128, "causal", "gqa", "paged_kv:256")
     assert r.outcome == "shipped" and "CausalPagedVarSeq" in r.reason
-    assert rec(table, "sm_100", "trtllm_context", "prefill", "bfloat16", 128, 128, "sliding_window").outcome == "shipped"
+    window = rec(table, "sm_100", "trtllm_context", "prefill", "bfloat16", 128, 128, "sliding_window")
+    assert window.outcome == "shipped" and "SlidingOrChunkedCausal" in window.reason
 
 
 def test_decode_uses_generation_kernels(table):

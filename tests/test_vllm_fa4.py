@@ -110,3 +110,14 @@ def test_cross_compile_subset_sm100a(tmp_path):
     assert ok.provenance["library"] == "vllm" and ok.provenance["kernel_version"] == vllm_fa4.kernel_version()
     assert ok.provenance["target"] == "sm_100a" and ok.extra.get("kernels", 0) >= 1
     assert hd256.outcome == "rejected" and not hd256.reason.startswith("attnmatrix"), hd256.reason
+
+
+def test_xcompile_takes_only_backends_that_compile_without_a_gpu(tmp_path):
+    from click.testing import CliRunner
+
+    from attnmatrix.cli import main
+
+    out = str(tmp_path / "x.jsonl")
+    r = CliRunner().invoke(main, ["xcompile", "--backends", "fa2", "--arch", "sm_100a", "-o", out])
+    assert r.exit_code == 2 and "fa2 cannot be cross-compiled" in r.output and "vllm_fa4" in r.output
+    assert not (tmp_path / "x.jsonl").exists()
