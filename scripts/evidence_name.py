@@ -20,7 +20,7 @@ import sys
 from collections import defaultdict
 
 # A library's short name where it differs from the kernel family it versions (fa4 is flash-attn-4 already).
-LIBRARY_LABEL = {"torch": "torch", "flashinfer-python": "flashinfer"}
+LIBRARY_LABEL = {"torch": "torch", "flashinfer-python": "flashinfer", "flashinfer-cubin": "flashinfer-cubin"}
 
 
 def _slug(text: str) -> str:
