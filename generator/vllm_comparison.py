@@ -22,7 +22,7 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from attnmatrix.matrix.cases import OPS
+from attnmatrix.matrix.cases import OPS, feature_name
 from attnmatrix.matrix.policy import SUPPORTED, UNKNOWN, UNSUPPORTED, ResolvedMatrix, arch_sort_key
 
 from . import tables as T
@@ -127,7 +127,9 @@ def _pick(m: ResolvedMatrix, q: T.Query, a: T.Answer | None, backend: str | None
 
 def _query_keys(m: ResolvedMatrix) -> list[T.Query]:
     archs = set(T.selector_archs(m))
-    keys = {(c.case.arch, c.case.op, c.case.dtype, c.case.head_dim, c.case.head_dim_v, c.case.features)
+    # The selector's queries name no MLA rope split: a `qk_rope:<n>` cell is asked by its (qk, v) totals.
+    keys = {(c.case.arch, c.case.op, c.case.dtype, c.case.head_dim, c.case.head_dim_v,
+             tuple(t for t in c.case.features if feature_name(t) != "qk_rope"))
             for c in T.public_cells(m) if c.case.arch in archs}
     return [T.Query(*k) for k in sorted(keys, key=lambda k: (arch_sort_key(k[0]), OPS.index(k[1]), k[2],
                                                                k[3] != k[4], k[3], k[4], len(k[5]), k[5]))]

@@ -37,10 +37,11 @@ top-level attention-backend choice (FLASH_ATTN vs FLASHINFER vs others), which i
 vLLM runs its own fork (`vllm-flash-attn`); attnmatrix probes the upstream kernels, which can differ
 (e.g. the fork's FA3 takes attention sinks, upstream FA3 does not).
 
-Mapping to attnmatrix backend names (`VLLM_TO_BACKEND`, `backend_for`):
-FLASH_ATTN with version 2/3/4 -> `fa2`/`fa3`/`fa4`; TRTLLM_RAGGED -> `trtllm_ragged`; FLASHINFER ->
-`flashinfer` (vLLM builds the same `BatchPrefillWithRaggedKVCacheWrapper`, with `backend="cutlass"`
-where attnmatrix probes `backend="auto"`); TOKENSPEED_MLA -> none (not probed). CUDNN (only in older
+Mapping to attnmatrix backend names (`VLLM_TO_BACKEND`, `backend_for`): the backend that runs exactly what
+vLLM runs under that name. FLASH_ATTN with version 2/3/4 -> vLLM's own builds `vllm_fa2`/`vllm_fa3`/`vllm_fa4`
+(never upstream flash-attn); TRTLLM_RAGGED -> `trtllm_ragged`; FLASHINFER -> `flashinfer_cutlass` (vLLM builds
+`BatchPrefillWithRaggedKVCacheWrapper` with `backend="cutlass"`; FlashInfer's own `backend="auto"` choice,
+`flashinfer`, runs other kernels); TOKENSPEED_MLA -> none (not probed). CUDNN (only in older
 priority lists) -> none: vLLM's CUDNN MLA prefill calls FlashInfer's `cudnn_batch_prefill_with_kv_cache`,
 not PyTorch SDPA, so `sdpa_cudnn`'s numbers would stand for a different code path; we do not substitute.
 """
@@ -310,9 +311,9 @@ def mla_prefill_backend(capability: tuple[int, int], qk_nope_head_dim: int, qk_r
 
 # --- in attnmatrix's vocabulary ---------------------------------------------------------------------
 
-VLLM_TO_BACKEND: dict[str, str | None] = {"TRTLLM_RAGGED": "trtllm_ragged", "FLASHINFER": "flashinfer",
+VLLM_TO_BACKEND: dict[str, str | None] = {"TRTLLM_RAGGED": "trtllm_ragged", "FLASHINFER": "flashinfer_cutlass",
                                           "TOKENSPEED_MLA": None, "CUDNN": None}
-FA_VERSION_TO_BACKEND: dict[int, str] = {2: "fa2", 3: "fa3", 4: "fa4"}
+FA_VERSION_TO_BACKEND: dict[int, str] = {2: "vllm_fa2", 3: "vllm_fa3", 4: "vllm_fa4"}
 # The MLA dims attnmatrix's (head_dim, head_dim_v) stand for: vLLM decides on the split, the kernels on the sum.
 MLA_ROPE_HEAD_DIM = 64
 

@@ -135,7 +135,7 @@ def entry(case: Case) -> str:
     return f"{MODULE}.prefill.BatchPrefillWithRaggedKVCacheWrapper"
 
 
-def _prepare_decode(p: Problem) -> Callable[[], torch.Tensor]:
+def _prepare_decode(p: Problem, backend: str = BACKEND) -> Callable[[], torch.Tensor]:
     api = "BatchDecodeWithPagedKVCacheWrapper"
     if p.q.shape[-1] != p.v.shape[-1]:
         raise Unsupported(f"{api}.plan takes one head_dim for q, k and v; the case has head_dim "
@@ -145,7 +145,7 @@ def _prepare_decode(p: Problem) -> Callable[[], torch.Tensor]:
     b, sq, hq, d = p.q.shape
     k_cache, v_cache, table, ps = paged_cache(p)
     indptr, indices, last = paged_indices_for(p, table, ps)
-    wrapper = dec.BatchDecodeWithPagedKVCacheWrapper(workspace(p), KV_LAYOUT, backend=BACKEND)
+    wrapper = dec.BatchDecodeWithPagedKVCacheWrapper(workspace(p), KV_LAYOUT, backend=backend)
     wrapper.plan(indptr, indices, last, hq, p.k.shape[2], d, ps, window_left=window_left(p), **_common_plan(p))
     q = p.q.reshape(b * sq, hq, d)
     run_kw = _scales(p, "q_scale", "k_scale", "v_scale")
@@ -159,7 +159,7 @@ def _prepare_decode(p: Problem) -> Callable[[], torch.Tensor]:
     return call
 
 
-def _prepare_prefill(p: Problem) -> Callable[[], torch.Tensor]:
+def _prepare_prefill(p: Problem, backend: str = BACKEND) -> Callable[[], torch.Tensor]:
     paged = p.case.has("paged_kv")
     api = "BatchPrefillWithPagedKVCacheWrapper" if paged else "BatchPrefillWithRaggedKVCacheWrapper"
     if p.sinks is not None and not paged:
@@ -176,7 +176,7 @@ def _prepare_prefill(p: Problem) -> Callable[[], torch.Tensor]:
     if paged:
         k_cache, v_cache, table, ps = paged_cache(p)
         indptr, indices, last = paged_indices_for(p, table, ps)
-        wrapper = pre.BatchPrefillWithPagedKVCacheWrapper(workspace(p), KV_LAYOUT, backend=BACKEND)
+        wrapper = pre.BatchPrefillWithPagedKVCacheWrapper(workspace(p), KV_LAYOUT, backend=backend)
         wrapper.plan(cu_q, indptr, indices, last, hq, hkv, d, ps, head_dim_vo=dv, **plan_kw)
         if p.sinks is not None:
             run_kw["sinks"] = p.sinks
@@ -185,7 +185,7 @@ def _prepare_prefill(p: Problem) -> Callable[[], torch.Tensor]:
             return unpack(wrapper.run(q, (k_cache, v_cache), **run_kw))
 
         return call
-    wrapper = pre.BatchPrefillWithRaggedKVCacheWrapper(workspace(p), KV_LAYOUT, backend=BACKEND)
+    wrapper = pre.BatchPrefillWithRaggedKVCacheWrapper(workspace(p), KV_LAYOUT, backend=backend)
     wrapper.plan(cu_q, cu_k, hq, hkv, d, head_dim_vo=dv, **plan_kw)
 
     def call() -> torch.Tensor:
@@ -194,13 +194,22 @@ def _prepare_prefill(p: Problem) -> Callable[[], torch.Tensor]:
     return call
 
 
-def prepare(p: Problem) -> Callable[[], torch.Tensor]:
+def prepare(p: Problem, backend: str = BACKEND) -> Callable[[], torch.Tensor]:
     if p.case.op == "decode":
-        return _prepare_decode(p)
-    return _prepare_prefill(p)
+        return _prepare_decode(p, backend)
+    return _prepare_prefill(p, backend)
+
+
+def prepare_cutlass(p: Problem) -> Callable[[], torch.Tensor]:
+    return prepare(p, "cutlass")
 
 
 FLASHINFER = Backend.declare("flashinfer", prepare, entry)
+# The same wrappers with FlashInfer's `cutlass` kernels: what vLLM's FLASHINFER MLA prefill backend builds
+# (BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="cutlass"), vllm-project/vllm@4ba787ec9
+# (v0.33.0) vllm/v1/attention/backends/mla/prefill/flashinfer.py:110-113 and :160-163). FlashInfer's own
+# choice (`flashinfer`, backend="auto") runs different kernels, so it never answers for that vLLM name.
+FLASHINFER_CUTLASS = Backend.declare("flashinfer_cutlass", prepare_cutlass, entry)
 
-__all__ = ["FLASHINFER", "causal_and_left", "descales", "kv_lens", "paged_cache", "paged_indices_for",
-           "right_bound", "window_left", "workspace"]
+__all__ = ["FLASHINFER", "FLASHINFER_CUTLASS", "causal_and_left", "descales", "kv_lens", "paged_cache",
+           "paged_indices_for", "right_bound", "window_left", "workspace"]

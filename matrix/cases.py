@@ -13,19 +13,30 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 OPS = ["prefill", "decode", "mla_prefill"]
+# The GPU archs the matrix covers (what a declared fact's "*" arch scope means).
+ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103", "sm_110", "sm_120"]
 DTYPES = ["bfloat16", "float16"]
 
-# (head_dim, head_dim_v). (192, 128) is DeepSeek's MLA prefill (qk_nope 128 + qk_rope 64, v 128);
-# (256, 256) doubles as GLM's MLA prefill (192 + 64, v 256).
+# (head_dim, head_dim_v). (192, 128) is DeepSeek's MLA prefill (qk_nope 128 + qk_rope 64, v 128).
 HEAD_DIMS: list[tuple[int, int]] = [
     (32, 32), (64, 64), (80, 80), (96, 96), (128, 128), (160, 160), (192, 192),
     (224, 224), (256, 256), (512, 512), (192, 128),
 ]
-MLA_HEAD_DIMS: list[tuple[int, int]] = [(192, 128), (256, 256)]
+# MLA prefill as engines ask it: (qk_nope, qk_rope, v) triples. A case keeps head_dim = qk_nope + qk_rope
+# and head_dim_v = v, and carries the rope split as the feature token `qk_rope:<n>`: vLLM's MLA prefill
+# backends accept or refuse triples, so (192, 64, 256) and (256, 0, 256) are different questions.
+# - DeepSeek-V3/R1 (128, 64, 128);
+# - GLM-5 (192, 64, 256), vllm-project/vllm PR #43525;
+# - GLM-5-Next's no-rope layout (256, 0, 256), vllm-project/vllm v0.33.0
+#   vllm/v1/attention/backends/mla/prefill/flash_attn.py:330-335;
+# - Mistral Small 4 (64, 64, 128), vllm-project/vllm PR #48855 (flash_attn.py:325-329 in v0.33.0).
+MLA_TRIPLES: list[tuple[int, int, int]] = [(128, 64, 128), (192, 64, 256), (256, 0, 256), (64, 64, 128)]
+MLA_HEAD_DIMS: list[tuple[int, int]] = sorted({(n + r, v) for n, r, v in MLA_TRIPLES})
 PAGE_SIZES = [16, 64, 128, 256]
 
 # Feature tokens. A token is a bare name or `name:int` (paged KV carries its block size).
-FEATURES = ["causal", "sliding_window", "softcap", "alibi", "sinks", "gqa", "varlen", "paged_kv", "fp8"]
+FEATURES = ["causal", "sliding_window", "softcap", "alibi", "sinks", "gqa", "varlen", "paged_kv", "fp8", "qk_rope"]
+# Tokens that take an integer argument: `paged_kv:<block size>` (> 0), `qk_rope:<rope head dim>` (>= 0).
 # The feature sets a standard sweep probes: each feature alone on top of the two mask modes the
 # kernels specialise on. Combinations beyond these are answered by composing single-feature cells.
 FEATURE_SETS: list[tuple[str, ...]] = [
@@ -34,6 +45,12 @@ FEATURE_SETS: list[tuple[str, ...]] = [
     *[("causal", f"paged_kv:{p}") for p in PAGE_SIZES],
     ("causal", "fp8"),
 ]
+# Feature sets a standard sweep adds for one backend only: vLLM's own FlashAttention builds also get vLLM's
+# block size 32 (vLLM's block sizes are 16, 32, 64 and 128).
+BACKEND_FEATURE_SETS: dict[str, list[tuple[str, ...]]] = {
+    "vllm_fa2": [("causal", "paged_kv:32")],
+    "vllm_fa3": [("causal", "paged_kv:32")],
+}
 
 ARCH_RE = re.compile(r"^(cpu|sm_\d{2,3})$")
 MAX_HEAD_DIM = 1024
@@ -93,6 +110,10 @@ def canonical_features(features: Iterable[str]) -> tuple[str, ...]:
         if name == "paged_kv":
             if not (arg.isascii() and arg.isdigit()) or not 0 < int(arg) <= MAX_PAGE_SIZE or arg != str(int(arg)):
                 raise CaseError(f"features: {tok!r} needs a block size in 1..{MAX_PAGE_SIZE}, e.g. paged_kv:16")
+        elif name == "qk_rope":
+            if not (arg.isascii() and arg.isdigit()) or int(arg) > MAX_HEAD_DIM or arg != str(int(arg)):
+                raise CaseError(f"features: {tok!r} needs the rope head dim (an int in 0..{MAX_HEAD_DIM}), "
+                                "e.g. qk_rope:64")
         elif arg:
             raise CaseError(f"features: {tok!r} takes no argument")
         out.add(tok)
@@ -103,12 +124,21 @@ def feature_name(token: str) -> str:
     return token.partition(":")[0]
 
 
-def page_size(features: Iterable[str]) -> int | None:
+def _feature_arg(features: Iterable[str], feature: str) -> int | None:
     for tok in features:
         name, _, arg = tok.partition(":")
-        if name == "paged_kv":
+        if name == feature:
             return int(arg)
     return None
+
+
+def page_size(features: Iterable[str]) -> int | None:
+    return _feature_arg(features, "paged_kv")
+
+
+def qk_rope(features: Iterable[str]) -> int | None:
+    """The rope part of an MLA case's qk head dim (`qk_rope:<n>`), None where the case names no split."""
+    return _feature_arg(features, "qk_rope")
 
 
 @dataclass(frozen=True, order=True)
@@ -138,6 +168,12 @@ class Case:
             raise CaseError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
         for name in ("head_dim", "head_dim_v"):
             check_head_size(getattr(self, name), name)
+        rope = qk_rope(self.features)
+        if rope is not None:
+            if self.op != "mla_prefill":
+                raise CaseError(f"features: qk_rope:{rope} describes an MLA prefill case, not op {self.op!r}")
+            if rope >= self.head_dim:
+                raise CaseError(f"features: qk_rope:{rope} leaves no qk_nope part of head_dim {self.head_dim}")
 
     @property
     def key(self) -> str:
@@ -156,6 +192,12 @@ class Case:
     @property
     def page_size(self) -> int | None:
         return page_size(self.features)
+
+    @property
+    def mla_triple(self) -> tuple[int, int, int] | None:
+        """(qk_nope, qk_rope, v) of an MLA prefill case that names its rope split."""
+        rope = qk_rope(self.features)
+        return None if rope is None else (self.head_dim - rope, rope, self.head_dim_v)
 
     def to_dict(self) -> dict:
         return {
@@ -193,6 +235,19 @@ def ops_for(head_dims: tuple[int, int]) -> list[str]:
     return ["prefill", "decode"] + (["mla_prefill"] if head_dims in MLA_HEAD_DIMS else [])
 
 
+def mla_rope_splits(head_dims: tuple[int, int]) -> list[int]:
+    """The qk_rope parts of the MLA triples whose (qk_nope + qk_rope, v) are these head dims."""
+    return sorted({r for n, r, v in MLA_TRIPLES if (n + r, v) == tuple(head_dims)}, reverse=True)
+
+
+def feature_sets_for(backend: str, feature_sets: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """The standard sets plus the backend's own additions (only when the sets are the standard ones)."""
+    sets = list(feature_sets)
+    if [tuple(f) for f in sets] == [tuple(f) for f in FEATURE_SETS]:
+        sets += [f for f in BACKEND_FEATURE_SETS.get(backend, []) if f not in sets]
+    return sets
+
+
 def case_space(
     archs: Sequence[str],
     backends: Sequence[str],
@@ -202,15 +257,24 @@ def case_space(
     feature_sets: Sequence[tuple[str, ...]] = tuple(FEATURE_SETS),
     ops: Sequence[str] = tuple(OPS),
 ) -> Iterator[Case]:
-    """Every case of the product of the axes, in a deterministic order."""
-    for arch, backend, hd, dtype, feats in itertools.product(archs, backends, head_dims, dtypes, feature_sets):
-        for op in ops_for(tuple(hd)):
-            if op not in ops:
-                continue
-            # MLA prefill in engines is ragged, causal, never paged or windowed.
-            if op == "mla_prefill" and any(feature_name(f) in ("paged_kv", "sliding_window") for f in feats):
-                continue
-            yield Case(arch, backend, op, dtype, hd[0], hd[1], feats)
+    """Every case of the product of the axes, in a deterministic order.
+
+    An MLA prefill case is one per MLA triple of its head dims (`qk_rope:<n>` added to its features).
+    """
+    for arch, backend in itertools.product(archs, backends):
+        sets = feature_sets_for(backend, feature_sets)
+        for hd, dtype, feats in itertools.product(head_dims, dtypes, sets):
+            for op in ops_for(tuple(hd)):
+                if op not in ops:
+                    continue
+                if op != "mla_prefill":
+                    yield Case(arch, backend, op, dtype, hd[0], hd[1], feats)
+                    continue
+                # MLA prefill in engines is ragged, causal, never paged or windowed.
+                if any(feature_name(f) in ("paged_kv", "sliding_window") for f in feats):
+                    continue
+                for rope in mla_rope_splits(tuple(hd)):
+                    yield Case(arch, backend, op, dtype, hd[0], hd[1], (*feats, f"qk_rope:{rope}"))
 
 
 def parse_head_dims(spec: str) -> list[tuple[int, int]]:

@@ -12,7 +12,19 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cases import DTYPES, MAX_HEAD_DIM, OPS, CaseError, normalize_arch
+from .cases import (
+    ARCHS,
+    BACKEND_FEATURE_SETS,
+    DTYPES,
+    FEATURE_SETS,
+    HEAD_DIMS,
+    MAX_HEAD_DIM,
+    MLA_TRIPLES,
+    OPS,
+    CaseError,
+    feature_name,
+    normalize_arch,
+)
 from .records import Record, RecordError, parse_record
 from .storage import InputError, Problem, iter_result_files, read_records
 
@@ -147,30 +159,78 @@ def load_backends(path: Path | None = None) -> dict[str, dict]:
     return backends
 
 
+# --- declared facts: one fact, one scope ----------------------------------------------------------------
+#
+# A fact states the scope it covers on each axis: `archs`, `ops`, `dtypes`, `head_dims`, `feature_sets`,
+# each either a list or "*" ("every value of that axis the matrix covers": ARCHS, OPS, DTYPES, the space's
+# head dims, the standard feature sets). It is stored once; `expand_fact` turns it into one declared
+# record per cell of its scope, so "FA2 has no sinks argument" holds at every head dim without a copy per
+# cell. An MLA prefill cell of a "*" head-dim scope is one per MLA triple (qk_nope, qk_rope, v), with its
+# `qk_rope:<n>` token; a listed [qk, v] pair stays a (qk, v) cell, which speaks for the totals only.
+# `requires` (a list of feature names) narrows a "*" feature scope to the sets that have all of them, and
+# `excludes` to the sets that have none of them: {"feature_sets": "*", "requires": ["sinks"]}.
+
+ANY = "*"
+SCOPE_AXES = ("archs", "ops", "dtypes", "head_dims", "feature_sets")
+
+
+def _axis(fact: dict, name: str, every: list) -> list:
+    v = fact[name]
+    return list(every) if v == ANY else v
+
+
+def _feature_scope(fact: dict) -> list[tuple[str, ...]]:
+    sets = fact["feature_sets"]
+    if sets == ANY:
+        sets = list(FEATURE_SETS) + [f for f in BACKEND_FEATURE_SETS.get(fact["backend"], []) if f not in FEATURE_SETS]
+    requires, excludes = set(fact.get("requires", ())), set(fact.get("excludes", ()))
+    out = []
+    for feats in sets:
+        names = {feature_name(t) for t in feats}
+        if requires <= names and not (excludes & names):
+            out.append(tuple(feats))
+    return out
+
+
+def _cells_for_op(fact: dict, op: str, feature_sets: list[tuple[str, ...]]) -> list[tuple[int, int, tuple[str, ...]]]:
+    """(head_dim, head_dim_v, features) of the fact's scope for one op."""
+    if fact["head_dims"] != ANY:
+        return [(hd[0], hd[1], feats) for hd in fact["head_dims"] for feats in feature_sets]
+    if op != "mla_prefill":
+        return [(hd, hdv, feats) for hd, hdv in HEAD_DIMS for feats in feature_sets]
+    out = []
+    for nope, rope, v in MLA_TRIPLES:
+        for feats in feature_sets:
+            if any(feature_name(t) in ("paged_kv", "sliding_window", "qk_rope") for t in feats):
+                continue  # MLA prefill is ragged, never paged or windowed (cases.case_space)
+            out.append((nope + rope, v, (*feats, f"qk_rope:{rope}")))
+    return out
+
+
 def expand_fact(fact: dict) -> list[Record]:
-    """A declared fact names axes as lists; its records are their product (every combination)."""
+    """A declared fact's records: one per cell of its scope (see above)."""
     base = {k: fact[k] for k in ("outcome", "sources") if k in fact}
     prov = {"date": fact.get("date") or "", "kernel_version": fact.get("kernel_version") or "",
             "declared_id": fact.get("id", "")}
     if not prov["kernel_version"]:
         del prov["kernel_version"]
+    feature_sets = _feature_scope(fact)
     out = []
-    for arch, op, dtype, hd, feats in itertools.product(
-        fact["archs"], fact["ops"], fact["dtypes"], fact["head_dims"], fact["feature_sets"]
-    ):
-        d = {
-            "schema": 1, "tier": "declared", "provenance": prov, **base,
-            "case": {"arch": arch, "backend": fact["backend"], "op": op, "dtype": dtype, "head_dim": hd[0],
-                     "head_dim_v": hd[1], "features": list(feats)},
-        }
-        if fact.get("reason"):
-            d["reason"] = fact["reason"]
-        elif fact.get("outcome") != "pass":
-            d["reason"] = fact.get("statement", "")
-        extra = {"statement": fact["statement"]} if fact.get("statement") else {}
-        if extra:
-            d["extra"] = extra
-        out.append(parse_record(d))
+    for arch, op, dtype in itertools.product(_axis(fact, "archs", ARCHS), _axis(fact, "ops", OPS),
+                                             _axis(fact, "dtypes", DTYPES)):
+        for hd, hdv, feats in _cells_for_op(fact, op, feature_sets):
+            d = {
+                "schema": 1, "tier": "declared", "provenance": prov, **base,
+                "case": {"arch": arch, "backend": fact["backend"], "op": op, "dtype": dtype, "head_dim": hd,
+                         "head_dim_v": hdv, "features": list(feats)},
+            }
+            if fact.get("reason"):
+                d["reason"] = fact["reason"]
+            elif fact.get("outcome") != "pass":
+                d["reason"] = fact.get("statement", "")
+            if fact.get("statement"):
+                d["extra"] = {"statement": fact["statement"]}
+            out.append(parse_record(d))
     return out
 
 
@@ -192,15 +252,25 @@ def _pairs(v: object) -> list:
 
 
 def _bad_axis(fact: dict) -> tuple[str, str] | None:
-    """A fact's axes must be non-empty lists (an empty one would silently declare nothing); head dims pairs."""
-    for name in ("archs", "ops", "dtypes", "head_dims", "feature_sets"):
+    """A fact's axes must be "*" or non-empty lists (an empty one would silently declare nothing); head dims
+    pairs; `requires`/`excludes` lists of feature names, used with a "*" feature scope only."""
+    for name in SCOPE_AXES:
         v = fact[name]
-        if not isinstance(v, list) or not v:
-            return name, f"expected a non-empty list, got {v!r}"
-    try:
-        _pairs(fact["head_dims"])
-    except TypeError as e:
-        return "head_dims", str(e).partition(": ")[2]
+        if v != ANY and (not isinstance(v, list) or not v):
+            return name, f"expected \"*\" or a non-empty list, got {v!r}"
+    if fact["head_dims"] != ANY:
+        try:
+            _pairs(fact["head_dims"])
+        except TypeError as e:
+            return "head_dims", str(e).partition(": ")[2]
+    for name in ("requires", "excludes"):
+        if name not in fact:
+            continue
+        v = fact[name]
+        if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+            return name, f"expected a non-empty list of feature names, got {v!r}"
+        if fact["feature_sets"] != ANY:
+            return name, "narrows a \"*\" feature scope only (list the feature sets instead)"
     return None
 
 

@@ -8,6 +8,7 @@ import pytest
 from attnmatrix.matrix.cases import (
     FEATURES,
     MLA_HEAD_DIMS,
+    MLA_TRIPLES,
     Case,
     CaseError,
     canonical_features,
@@ -64,7 +65,7 @@ def test_key_and_dict_round_trip(case: Case) -> None:
     assert Case.from_dict(json.loads(json.dumps(case.to_dict()))) == case
 
 
-_feature_tokens = st.sampled_from([f for f in FEATURES if f != "paged_kv"]) | st.integers(1, 4096).map(
+_feature_tokens = st.sampled_from([f for f in FEATURES if f not in ("paged_kv", "qk_rope")]) | st.integers(1, 4096).map(
     lambda n: f"paged_kv:{n}")
 
 
@@ -134,7 +135,8 @@ def test_case_space_is_deterministic_and_respects_mla_rules() -> None:
     mla = [c for c in a if c.op == "mla_prefill"]
     assert mla and all((c.head_dim, c.head_dim_v) in MLA_HEAD_DIMS for c in mla)
     assert not any(c.has("paged_kv") or c.has("sliding_window") for c in mla)
-    assert {c.op for c in a if (c.head_dim, c.head_dim_v) == (128, 128)} == {"prefill", "decode"}
+    assert all(c.mla_triple in MLA_TRIPLES for c in mla)  # MLA prefill is asked per (qk_nope, qk_rope, v)
+    assert {c.op for c in a if (c.head_dim, c.head_dim_v) == (64, 64)} == {"prefill", "decode"}
 
 
 # --- records -----------------------------------------------------------------------------------

@@ -54,15 +54,15 @@ def test_vllm_flash_attn_version(cap, kw, want):
 # selector.py's _get_mla_prefill_backend_priorities (copy id 65940059341) and the backends'
 # validate_configuration (vllm-project/vllm@9402beec..., PR #43525 for GLM-5 on TRTLLM_RAGGED).
 MLA_CASES = [
-    ((10, 0), V.R1_DIMS, ("FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"), "FLASH_ATTN", "fa4"),
+    ((10, 0), V.R1_DIMS, ("FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"), "FLASH_ATTN", "vllm_fa4"),
     ((10, 0), V.GLM5_DIMS, ("TRTLLM_RAGGED", "FLASH_ATTN", "FLASHINFER", "TOKENSPEED_MLA"), "TRTLLM_RAGGED",
      "trtllm_ragged"),
     ((10, 3), V.GLM5_DIMS, ("TRTLLM_RAGGED", "FLASH_ATTN", "FLASHINFER", "TOKENSPEED_MLA"), "TRTLLM_RAGGED",
      "trtllm_ragged"),
-    ((9, 0), V.R1_DIMS, ("FLASH_ATTN",), "FLASH_ATTN", "fa3"),  # "Hopper (SM90) and older"
-    ((9, 0), V.GLM5_DIMS, ("FLASH_ATTN",), "FLASH_ATTN", "fa3"),
-    ((12, 0), V.R1_DIMS, ("FLASH_ATTN",), "FLASH_ATTN", "fa2"),  # major 12 is not "Blackwell" here
-    ((10, 0), (64, 64, 128), ("FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"), "FLASH_ATTN", "fa4"),
+    ((9, 0), V.R1_DIMS, ("FLASH_ATTN",), "FLASH_ATTN", "vllm_fa3"),  # "Hopper (SM90) and older"
+    ((9, 0), V.GLM5_DIMS, ("FLASH_ATTN",), "FLASH_ATTN", "vllm_fa3"),
+    ((12, 0), V.R1_DIMS, ("FLASH_ATTN",), "FLASH_ATTN", "vllm_fa2"),  # major 12 is not "Blackwell" here
+    ((10, 0), (64, 64, 128), ("FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"), "FLASH_ATTN", "vllm_fa4"),
 ]
 
 
@@ -84,18 +84,18 @@ def test_vllm_mla_details():
     assert not V.mla_prefill_backend((9, 0), *V.R1_DIMS).pads_v
     assert not V.mla_prefill_backend((10, 0), *V.R1_DIMS).pads_v
     # vLLM's names in attnmatrix's
-    assert [V.backend_for("FLASH_ATTN", v) for v in (2, 3, 4, None)] == ["fa2", "fa3", "fa4", None]
+    assert [V.backend_for("FLASH_ATTN", v) for v in (2, 3, 4, None)] == ["vllm_fa2", "vllm_fa3", "vllm_fa4", None]
     assert V.backend_for("CUDNN") is None and V.backend_for("TOKENSPEED_MLA") is None
-    assert V.backend_for("FLASHINFER") == "flashinfer"
+    assert V.backend_for("FLASHINFER") == "flashinfer_cutlass"  # the kernels vLLM builds, not FlashInfer's choice
 
 
 def test_vllm_choice_for_matrix_cells():
     c = V.vllm_choice("sm_90", "prefill", 128, 128, ("alibi", "causal"))
-    assert (c.backend, c.label) == ("fa2", "FLASH_ATTN FA2") and "alibi-fa3" in c.why
-    assert V.vllm_choice("sm_100", "decode", 256, 256, ("sliding_window",)).backend == "fa2"
-    assert V.vllm_choice("sm_100", "decode", 256, 256, ("causal", "softcap")).backend == "fa4"  # softcap: no rule
+    assert (c.backend, c.label) == ("vllm_fa2", "FLASH_ATTN FA2") and "alibi-fa3" in c.why
+    assert V.vllm_choice("sm_100", "decode", 256, 256, ("sliding_window",)).backend == "vllm_fa2"
+    assert V.vllm_choice("sm_100", "decode", 256, 256, ("causal", "softcap")).backend == "vllm_fa4"  # softcap: no rule
     assert V.vllm_choice("sm_100", "mla_prefill", 256, 256, ("causal",)).backend == "trtllm_ragged"
-    assert V.vllm_choice("sm_100", "mla_prefill", 192, 128, ("causal",)).backend == "fa4"
+    assert V.vllm_choice("sm_100", "mla_prefill", 192, 128, ("causal",)).backend == "vllm_fa4"
     assert V.vllm_choice("sm_75", "prefill", 128, 128, ("causal",)).backend is None
 
 
@@ -112,9 +112,9 @@ def test_every_source_names_a_commit_or_a_released_wheel():
 # --- the comparison over a hand-built matrix ------------------------------------------------------------
 
 BACKENDS = {
-    "fa2": {"fa_version": 2, "mla_prefill": "FLASH_ATTN", "default_rank": 12},
-    "fa3": {"fa_version": 3, "mla_prefill": "FLASH_ATTN", "default_rank": 11},
-    "fa4": {"fa_version": 4, "mla_prefill": "FLASH_ATTN", "default_rank": 10},
+    "vllm_fa2": {"fa_version": 2, "mla_prefill": "FLASH_ATTN", "default_rank": 12},
+    "vllm_fa3": {"fa_version": 3, "mla_prefill": "FLASH_ATTN", "default_rank": 11},
+    "vllm_fa4": {"fa_version": 4, "mla_prefill": "FLASH_ATTN", "default_rank": 10},
     "trtllm_ragged": {"mla_prefill": "TRTLLM_RAGGED", "default_rank": 20},
     "sdpa_cudnn": {"default_rank": 30},
 }
@@ -144,16 +144,16 @@ def records(fa3_lat=2.0):
     return [
         # 128 causal: vLLM picks fa3 (measured, 2 ms); attnmatrix's FlashAttention pick is fa4 (1 ms); the fastest
         # validated backend is sdpa_cudnn (0.5 ms).
-        rec(H, "fa4", lat=1.0, tflops=400.0), rec(H, "sdpa_cudnn", lat=0.5, tflops=800.0),
-        rec(H, "fa3", lat=fa3_lat, tflops=200.0), rec(H, "fa2", tier="declared"),
+        rec(H, "vllm_fa4", lat=1.0, tflops=400.0), rec(H, "sdpa_cudnn", lat=0.5, tflops=800.0),
+        rec(H, "vllm_fa3", lat=fa3_lat, tflops=200.0), rec(H, "vllm_fa2", tier="declared"),
         # 512: vLLM upgrades to fa4, which refuses it
-        rec(H, "fa4", hd=512, outcome="rejected", reason="fa4: 512 is not supported on SM90"),
+        rec(H, "vllm_fa4", hd=512, outcome="rejected", reason="fa4: 512 is not supported on SM90"),
         rec(H, "sdpa_cudnn", hd=512, lat=4.0),
         # ALiBi: both pick fa2
-        rec(H, "fa2", ("alibi", "causal"), lat=3.0), rec(H, "fa3", ("alibi", "causal"), "rejected"),
-        rec(H, "fa4", ("alibi", "causal"), "rejected"),
+        rec(H, "vllm_fa2", ("alibi", "causal"), lat=3.0), rec(H, "vllm_fa3", ("alibi", "causal"), "rejected"),
+        rec(H, "vllm_fa4", ("alibi", "causal"), "rejected"),
         # MLA on Blackwell at GLM-5 dims: vLLM picks TRTLLM_RAGGED (declared); attnmatrix measured fa4 first
-        rec("sm_100", "fa4", op="mla_prefill", hd=256, lat=1.5),
+        rec("sm_100", "vllm_fa4", op="mla_prefill", hd=256, lat=1.5),
         rec("sm_100", "sdpa_cudnn", op="mla_prefill", hd=256, lat=3.0),
         rec("sm_100", "trtllm_ragged", op="mla_prefill", hd=256, tier="declared"),
     ]
@@ -171,8 +171,8 @@ def _cmp(m, arch, op, hd, hdv, feats):
 def test_comparison_cells_and_regret():
     m = matrix()
     c = _cmp(m, "sm_90", "prefill", 128, 128, C)
-    assert (c.vllm.backend, c.amx_pick.backend, c.first.backend, c.fastest.backend) == ("fa3", "fa4", "sdpa_cudnn",
-                                                                                         "sdpa_cudnn")
+    assert (c.vllm.backend, c.amx_pick.backend, c.first.backend, c.fastest.backend) == (
+        "vllm_fa3", "vllm_fa4", "sdpa_cudnn", "sdpa_cudnn")
     assert not c.agree and c.kind == "slower" and c.measured
     assert c.regret(c.first) == 1.0 and c.regret(c.vllm_pick) == pytest.approx(4.0)
     row = VC.disagreement_row(c)
@@ -180,12 +180,12 @@ def test_comparison_cells_and_regret():
     assert row.amx_numbers == "1000.0 µs · 400.0 TFLOP/s"
     assert "fastest validated here: sdpa_cudnn at 500.0 µs" in row.why
     c = _cmp(m, "sm_90", "prefill", 512, 512, C)
-    assert c.vllm.backend == "fa4" and c.kind == "unsupported" and "512 is not supported on SM90" in VC.why(c)
+    assert c.vllm.backend == "vllm_fa4" and c.kind == "unsupported" and "512 is not supported on SM90" in VC.why(c)
     assert "hopper-headdim-gt-256" in VC.why(c)
     c = _cmp(m, "sm_90", "prefill", 128, 128, ("alibi", "causal"))
     assert c.agree and c.kind is None
     c = _cmp(m, "sm_100", "mla_prefill", 256, 256, C)
-    assert (c.vllm.backend, c.amx_pick.backend, c.kind) == ("trtllm_ragged", "fa4", "unmeasured")
+    assert (c.vllm.backend, c.amx_pick.backend, c.kind) == ("trtllm_ragged", "vllm_fa4", "unmeasured")
     rows = {(r.arch, r.op): r for r in VC.regret_rows(VC.comparisons(m))}
     r = rows[("sm_90", "prefill")]
     assert (r.cells, r.amx_median, r.amx_max, r.vllm_measured, r.vllm_median) == (1, "1.00", "1.00", 1, "4.00")
@@ -200,11 +200,11 @@ def test_comparison_page_follows_the_data():
     page = render_all(matrix(), meta)["site/vllm-comparison.md"]
     assert "| `sm_90` | prefill | 1 | 1.00 | 1.00 | 1 | 4.00 | 4.00 | 0 | 0 | 0 |" in page
     assert "regenerated from the matrix" in page and "How to read it" in page
-    assert "fa3 (FLASH_ATTN FA3)" in page and "| 2.00 |" in page
+    assert "vllm_fa3 (FLASH_ATTN FA3)" in page and "| 2.00 |" in page
     # a faster fa3 measurement changes the regret and the rows: nothing is hard-coded
     faster = render_all(matrix(records(fa3_lat=0.25)), meta)["site/vllm-comparison.md"]
     assert "| `sm_90` | prefill | 1 | 1.00 | 1.00 | 1 | 1.00 | 1.00 | 0 | 0 | 0 |" in faster
-    assert "fa3 (FLASH_ATTN FA3)" not in faster  # now attnmatrix picks fa3 too: they agree
+    assert "vllm_fa3 (FLASH_ATTN FA3)" not in faster  # now attnmatrix picks fa3 too: they agree
     assert render_all(matrix(), meta)["site/vllm-comparison.md"] == page  # deterministic
 
 

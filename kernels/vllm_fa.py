@@ -1,0 +1,124 @@
+"""vLLM's own FlashAttention builds: `vllm_fa2` and `vllm_fa3`, called the way vLLM calls them.
+
+vLLM does not run upstream flash-attn: its wheel ships `vllm.vllm_flash_attn`, a fork with two compiled
+extensions (`_vllm_fa2_C`, `_vllm_fa3_C`) behind one Python entry point,
+`flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=, seqused_k=,
+..., block_table=, fa_version=N, s_aux=)`. vLLM's FLASH_ATTN attention backend (prefill and decode
+alike) and its FLASH_ATTN MLA prefill backend both call it, so a probe calls it too:
+
+- every case goes in packed (varlen) layout, as vLLM's batches always are; a case without `varlen` is
+  a batch of full-length sequences;
+- paged KV: `block_table` with the case's block size, `seqused_k` instead of `cu_seqlens_k` (what
+  vLLM passes for its paged cache; its block sizes are 16, 32, 64 and 128);
+- causal (bottom-right), window (left, right), softcap and ALiBi slopes are the fork's arguments with
+  the `Problem`'s meaning; the fork refuses what it cannot do in its own words (its FA3 path asserts
+  "Alibi is not supported in FA3"; its FA2 path raises "FA2 does not support s_aux");
+- attention sinks are `s_aux`, one logit per query head. The fork's FA3 takes them only as bfloat16,
+  so they are passed as bfloat16 and the problem's sinks are rounded to the same values first: the
+  reference then checks the kernel against exactly the sinks it was given;
+- MLA prefill: (qk, v) head dims go in as they are for FA3; for FA2 V is zero-padded to the qk head
+  dim and the output cut back, which is what vLLM's FLASH_ATTN MLA prefill does for every FA version
+  but FA3 on Hopper and FA4 (`requires_v_padding` in vllm-project/vllm@4ba787ec9 (v0.33.0)
+  vllm/v1/attention/backends/mla/prefill/flash_attn.py:387-394, the padding at :420-424);
+- fp8: e4m3 tensors with (batch, heads_kv) float32 descales, as the fork's FA3 takes them.
+
+The extensions are not on PyPI on their own: `scripts/pack-vllm-fa.py` takes them from the vLLM wheel
+of the release named there, with that wheel's `METADATA`, so the records' kernel version is the vLLM
+release the build came from (library `vllm`). The module imports nothing from vLLM until a case runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from attnmatrix.matrix.cases import Case
+
+from .base import Backend
+from .problem import Problem
+
+PACKAGE = "vllm.vllm_flash_attn"
+ENTRY = f"{PACKAGE}.flash_attn_varlen_func"
+# The fork's extension per FlashAttention version: the package imports with either one present, so
+# availability asks for the version's own extension, not just the package.
+EXTENSIONS = {2: f"{PACKAGE}._vllm_fa2_C", 3: f"{PACKAGE}._vllm_fa3_C"}
+SINK_DTYPE = torch.bfloat16  # the fork's FA3 takes s_aux only as bf16
+
+
+def entry_for(case: Case, version: int) -> str:
+    """The call, as the record names it: entry point, FA version and the paged cache if any."""
+    paged = f", block_table (block size {case.page_size})" if case.has("paged_kv") else ""
+    return f"{ENTRY}(fa_version={version}{paged})"
+
+
+def pads_v(case: Case, version: int) -> bool:
+    """vLLM zero-pads V to the qk head dim for MLA prefill on every FA version but FA3 (and FA4)."""
+    return case.op == "mla_prefill" and version == 2 and case.head_dim_v < case.head_dim
+
+
+def call_arguments(p: Problem, version: int) -> tuple[tuple, dict, Callable[[torch.Tensor], torch.Tensor]]:
+    """(positional q, k, v), keyword arguments and the output's unpacker for one call of the entry point.
+
+    Pure: builds tensors, calls nothing from vLLM (the unit tests check the mapping on the CPU).
+    """
+    c = p.case
+    b = p.shape.batch
+    q, k, v, cu_q, cu_k = p.packed()
+    kw: dict = {
+        "max_seqlen_q": max(p.valid_q(i) for i in range(b)),
+        "cu_seqlens_q": cu_q,
+        "max_seqlen_k": max(p.valid_k(i) for i in range(b)),
+        "softmax_scale": p.scale,
+        "causal": p.causal,
+        "window_size": list(p.window) if p.window is not None else [-1, -1],
+        "softcap": p.softcap,
+        "alibi_slopes": p.alibi_slopes,
+        "fa_version": version,
+    }
+    if c.has("paged_kv"):
+        k, v, table = p.paged_kv()
+        kw.update(seqused_k=p.seqlens_k_tensor(), block_table=table)
+    else:
+        kw["cu_seqlens_k"] = cu_k
+    if p.sinks is not None:
+        s_aux = p.sinks.to(SINK_DTYPE)
+        p.sinks = s_aux.float()  # the reference sees the values the kernel was given
+        kw["s_aux"] = s_aux
+    if p.descale is not None:
+        hkv = p.k.shape[2]
+        for name, s in zip(("q_descale", "k_descale", "v_descale"), p.descale, strict=True):
+            kw[name] = torch.full((b, hkv), s, dtype=torch.float32, device=p.q.device)
+    unpack = p.unpacker()
+    if pads_v(c, version):
+        v = torch.nn.functional.pad(v, [0, c.head_dim - c.head_dim_v], value=0)
+        dv = c.head_dim_v
+        inner = unpack
+
+        def unpack(out: torch.Tensor) -> torch.Tensor:
+            return inner(out[..., :dv])
+
+    return (q, k, v), kw, unpack
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def make_prepare(version: int) -> Callable[[Problem], Callable[[], torch.Tensor]]:
+    def prepare(p: Problem) -> Callable[[], torch.Tensor]:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func  # torch is already imported (problem.py)
+
+        args, kw, unpack = call_arguments(p, version)
+
+        def call() -> torch.Tensor:
+            return unpack(_first(flash_attn_varlen_func(*args, **kw)))
+
+        return call
+
+    return prepare
+
+
+# The registry (matrix/data/backends.json) declares each one's library `vllm` and its extension as the
+# module that must import (EXTENSIONS).
+VLLM_FA2 = Backend.declare("vllm_fa2", make_prepare(2), lambda c: entry_for(c, 2))
+VLLM_FA3 = Backend.declare("vllm_fa3", make_prepare(3), lambda c: entry_for(c, 3))
