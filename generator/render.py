@@ -275,7 +275,7 @@ def render_vllm_comparison(m: ResolvedMatrix, meta: dict) -> str:
         h=_header(m, meta), page=VC.comparison_page(m), kinds=VC.KINDS, fa_builds=VC.fa_builds(),
         fa_default=sorted(VR.FA_DEFAULT.items()), fa_fallback=VR.FA_FALLBACK_DEFAULT, fa_rules=VC.fa_rule_rows(),
         mla_priorities=VC.mla_priority_rows(), mla_limits=VC.mla_limit_rows(), mapping=VC.mapping_rows(),
-        sources=list(VR.VLLM_SOURCES))
+        sources=list(VR.VLLM_SOURCES), max_rows=VC.DISAGREEMENT_ROWS)
 
 
 # --- changelog ------------------------------------------------------------------------------------

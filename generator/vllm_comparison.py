@@ -241,6 +241,10 @@ def _numbers(p: Pick) -> str:
     return f"{fmt_us(p.latency_ms)} · {fmt_tflops(p.tflops)}"
 
 
+# Rows the page lists per (arch, kind) group: the counts cover every cell, `attnmatrix explain` any other cell.
+DISAGREEMENT_ROWS = 8
+
+
 def disagreement_row(c: Comparison) -> DisagreementRow:
     vp, ap = c.vllm_pick, c.amx_pick
     ratio = vp.latency_ms / ap.latency_ms if vp.measured and ap.measured else None

@@ -186,7 +186,7 @@ def _feature_scope(fact: dict) -> list[tuple[str, ...]]:
     requires, excludes = set(fact.get("requires", ())), set(fact.get("excludes", ()))
     out = []
     for feats in sets:
-        names = {feature_name(t) for t in feats}
+        names = {feature_name(str(t)) for t in feats}  # a malformed token is the Case's to report
         if requires <= names and not (excludes & names):
             out.append(tuple(feats))
     return out
@@ -201,7 +201,7 @@ def _cells_for_op(fact: dict, op: str, feature_sets: list[tuple[str, ...]]) -> l
     out = []
     for nope, rope, v in MLA_TRIPLES:
         for feats in feature_sets:
-            if any(feature_name(t) in ("paged_kv", "sliding_window", "qk_rope") for t in feats):
+            if any(feature_name(str(t)) in ("paged_kv", "sliding_window", "qk_rope") for t in feats):
                 continue  # MLA prefill is ragged, never paged or windowed (cases.case_space)
             out.append((nope + rope, v, (*feats, f"qk_rope:{rope}")))
     return out
