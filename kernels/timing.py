@@ -274,10 +274,13 @@ def matmul_peak(device: str = "cuda", sizes: tuple[int, ...] = PEAK_SIZES, dtype
     if device != "cuda":
         sizes = (512, 1024)
     detail: dict[int, float] = {}
+    # A generator of its own: a CUDA graph capture that failed earlier in this process (a call that
+    # cannot be captured) can leave the default CUDA generator unusable outside capture.
+    gen = torch.Generator(device=device).manual_seed(0)
     for n in sizes:
         try:
-            a = torch.randn(n, n, device=device, dtype=dtype)
-            b = torch.randn(n, n, device=device, dtype=dtype)
+            a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+            b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
         except torch.OutOfMemoryError:
             continue
 
