@@ -61,7 +61,10 @@ def active_features(p: Problem) -> list[str]:
         "varlen": p.seqlens_q is not None or p.seqlens_k is not None, "paged_kv": p.page_size is not None,
         "fp8": p.fp8,
     }
-    return [f for f in FEATURES if on[f]]
+    # `qk_rope:<n>` names how an MLA case's qk head dim splits into nope and rope parts (which vLLM's MLA
+    # backends accept or refuse); the attention over the whole qk head dim is the same, so it is no feature a
+    # kernel could ignore.
+    return [f for f in FEATURES if on.get(f)]
 
 
 # --- the ways a kernel can ignore each feature ---------------------------------------------------------
