@@ -52,14 +52,15 @@ def fset_label(features) -> str:
 
 
 def features_of(causal=True, sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False,
-                varlen=False, page_size=None, fp8=False, qk_rope=None) -> tuple:
+                varlen=False, page_size=None, fp8=False, qk_rope=None, *, max_page_size=None,
+                max_head_size=None) -> tuple:
     """Query flags -> the matrix's feature tokens, sorted."""
     flags = (causal, sliding_window, softcap, alibi, sinks, gqa, varlen, fp8)
     toks = [name for name, on in zip(FLAG_FEATURES, flags, strict=True) if on]
     if page_size:
-        toks.append(f"paged_kv:{_int('page_size', page_size, 1)}")
+        toks.append(f"paged_kv:{_int('page_size', page_size, 1, max_page_size)}")
     if qk_rope is not None:
-        toks.append(f"qk_rope:{_int('qk_rope_head_dim', qk_rope, 0)}")
+        toks.append(f"qk_rope:{_int('qk_rope_head_dim', qk_rope, 0, max_head_size)}")
     return tuple(sorted(toks))
 
 
@@ -107,8 +108,8 @@ class Answer:
         return self.shapes is not None and self.shapes[0] < self.shapes[1]
 
 
-def _int(name, v, lo):
-    """An int (or an integral float: 128.0 is 128); bools, strings and values below `lo` are refused."""
+def _int(name, v, lo, hi=None):
+    """An int (or an integral float: 128.0 is 128); bools, strings and values outside `lo`..`hi` are refused."""
     if isinstance(v, bool):
         raise ValueError(f"{name}: {v!r} is not an integer")
     if isinstance(v, float) and v.is_integer():
@@ -119,6 +120,8 @@ def _int(name, v, lo):
         raise ValueError(f"{name}: {v!r} is not an integer") from None
     if i < lo:
         raise ValueError(f"{name}: {v!r} is below {lo}")
+    if hi is not None and i > hi:
+        raise ValueError(f"{name}: {v!r} is above {hi}")
     return i
 
 
@@ -152,6 +155,9 @@ class Engine:
         self.mask = tuple(data["mask_features"])
         self.qualifiers = tuple(data["qualifiers"])
         self.ops = tuple(data["ops"])
+        # The matrix's own bounds (matrix/cases.py check_head_size, check_page_size), carried in the data.
+        self.max_head_size = data.get("limits", {}).get("head_size")
+        self.max_page_size = data.get("limits", {}).get("page_size")
         self._rules: dict = {}
         self._blocks: dict = {}
         self._verdicts: dict = {}
@@ -389,11 +395,12 @@ class Engine:
     def _query_args(self, capability, head_size, head_size_v, op, dtype, causal, sliding_window, softcap, alibi,
                     sinks, gqa, varlen, page_size, fp8):
         arch = arch_of(capability)
-        hd = _int("head_size", head_size, 1)
-        hdv = hd if head_size_v is None else _int("head_size_v", head_size_v, 1)
+        hd = _int("head_size", head_size, 1, self.max_head_size)
+        hdv = hd if head_size_v is None else _int("head_size_v", head_size_v, 1, self.max_head_size)
         if op not in self.ops:
             raise ValueError(f"op: {op!r} is not one of {', '.join(self.ops)}")
-        feats = features_of(causal, sliding_window, softcap, alibi, sinks, gqa, varlen, page_size, fp8)
+        feats = features_of(causal, sliding_window, softcap, alibi, sinks, gqa, varlen, page_size, fp8,
+                            max_page_size=self.max_page_size)
         return arch, op, _dtype(dtype), hd, hdv, feats
 
     def select_backends(self, capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16",
@@ -458,8 +465,9 @@ class Engine:
         except TypeError:
             key = None
         names = self.mla_prefill_priorities_for(
-            arch_of(capability), _int("qk_nope_head_dim", qk_nope_head_dim, 0),
-            _int("qk_rope_head_dim", qk_rope_head_dim, 0), _int("v_head_dim", v_head_dim, 1))
+            arch_of(capability), _int("qk_nope_head_dim", qk_nope_head_dim, 0, self.max_head_size),
+            _int("qk_rope_head_dim", qk_rope_head_dim, 0, self.max_head_size),
+            _int("v_head_dim", v_head_dim, 1, self.max_head_size))
         if key is not None:
             if len(self._mla_cache) >= CACHE_MAX:
                 self._mla_cache.clear()

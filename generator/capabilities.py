@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from attnmatrix.matrix.cases import DTYPES, FEATURES, OPS
+from attnmatrix.matrix.cases import DTYPES, FEATURES, MAX_HEAD_DIM, MAX_PAGE_SIZE, OPS
 from attnmatrix.matrix.evidence import DEFAULT_RANK_MISSING, default_rank
 from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix, arch_sort_key
 from attnmatrix.matrix.records import POSITIVE_OUTCOMES, TIERS, UNINFORMATIVE_OUTCOMES, Record
@@ -152,6 +152,7 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
         "features": tuple(FEATURES),
         "mask_features": MASK_FEATURES,
         "qualifiers": QUALIFIERS,
+        "limits": {"head_size": MAX_HEAD_DIM, "page_size": MAX_PAGE_SIZE},
         "archs": tuple(archs),
         "backends": backends,
         "default_rank": {a: {b: default_rank(m.backends, b, a) for b in backends[a]} for a in archs},

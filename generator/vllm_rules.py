@@ -34,8 +34,8 @@ and every MLA prefill backend importable (the `is_available()` checks pass). Not
 an explicit `attention_config.flash_attn_version` or `mla_prefill_backend`, `VLLM_BATCH_INVARIANT`,
 diffusion models (per-sequence causal), the Hopper FA4 FP8 server resolver, ROCm and XPU, and vLLM's
 top-level attention-backend choice (FLASH_ATTN vs FLASHINFER vs others), which is a different selector.
-vLLM runs its own fork (`vllm-flash-attn`); attnmatrix probes the upstream kernels, which can differ
-(e.g. the fork's FA3 takes attention sinks, upstream FA3 does not).
+vLLM runs its own fork (`vllm-flash-attn`), which can differ from upstream (e.g. the fork's FA3 takes
+attention sinks, upstream FA3 does not): its names are answered by the fork's builds, below.
 
 Mapping to attnmatrix backend names (`VLLM_TO_BACKEND`, `backend_for`): the backend that runs exactly what
 vLLM runs under that name. FLASH_ATTN with version 2/3/4 -> vLLM's own builds `vllm_fa2`/`vllm_fa3`/`vllm_fa4`

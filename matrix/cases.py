@@ -66,8 +66,8 @@ class CaseError(ValueError):
 
 def check_head_size(value: object, name: str = "head size") -> int:
     """`value` as a head size, or CaseError naming `name`: an int in 1..MAX_HEAD_DIM (not 0, not -1, not
-    1.5, not true, not a 20-digit number). The one check of head sizes: the case space, every command's
-    options and the query engine use it."""
+    1.5, not true, not a 20-digit number). The one check of head sizes: the case space and every
+    command's options use it, and the query engine enforces the same bound, carried in its data."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_HEAD_DIM:
         raise CaseError(f"{name}: {value!r} is not a head size (an int in 1..{MAX_HEAD_DIM})")
     return value

@@ -120,7 +120,8 @@ def _tail(tmp_path: Path) -> str:
 
 PROBE_ARGS = ["probe", "--device", "cpu", "--backends", "sdpa_cpu", "--head-dims", "32,64,80,96,128",
               "--features", "none,causal,causal+gqa", "--dtypes", "bfloat16", "--no-timing", "--timeout", "120"]
-N_CASES = 5 * 3 * 2  # head dims x feature sets x (prefill, decode)
+# head dims x feature sets x (prefill, decode), plus MLA prefill at 128x128 (Mistral Small 4's (64, 64, 128) triple)
+N_CASES = 5 * 3 * 2 + 3
 
 
 def test_kill_9_then_resume(tmp_path: Path) -> None:

@@ -310,3 +310,17 @@ def test_per_arch_selector_agrees_with_the_pages(per_arch):
             q = T.Query(arch, "prefill", "bfloat16", hd, hd, feats)
             assert sel.select_backends(cap, hd, **_flags(feats)) == [a.backend for a in T.query(m, q)[0]]
             assert sel.explain(cap, hd, **_flags(feats)) == T.explain_query(m, q)
+
+
+def test_head_and_page_sizes_are_bounded_as_the_matrix_bounds_them(sel):
+    """The selector refuses what every command refuses (matrix/cases.py check_head_size / check_page_size)."""
+    from attnmatrix.matrix.cases import MAX_HEAD_DIM, MAX_PAGE_SIZE
+
+    for bad in (0, -1, MAX_HEAD_DIM + 1, 99999999999999999999999):
+        with pytest.raises(ValueError, match="head_size"):
+            sel.select_backends(H100, bad)
+    with pytest.raises(ValueError, match="page_size"):
+        sel.select_backends(H100, 128, page_size=MAX_PAGE_SIZE + 1)
+    with pytest.raises(ValueError, match="v_head_dim"):
+        sel.get_mla_prefill_backend_priorities(H100, 128, 64, MAX_HEAD_DIM + 1)
+    assert sel.select_backends(H100, MAX_HEAD_DIM) == []  # in bounds, no evidence: nothing, not an error

@@ -113,6 +113,7 @@ registry.register(XC, label="test fake: aborts while compiling head dim 64")
 def test_a_dying_worker_is_a_crash_record_and_the_sweep_goes_on(tmp_path, monkeypatch):
     (tmp_path / "xc_fake_backend.py").write_text(textwrap.dedent(_FAKE))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(tmp_path))  # this process names the plugin's backend in provenance too
     monkeypatch.setenv("ATTNMATRIX_BACKEND_PLUGINS", "xc_fake_backend")
     cases = [Case("sm_90", "fake_xc", "prefill", "bfloat16", d, d, ("causal",)) for d in (64, 128)]
     out = tmp_path / "x.jsonl"
