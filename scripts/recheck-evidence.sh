@@ -1,28 +1,27 @@
 #!/usr/bin/env bash
-# Runs ON an sm_90 GPU machine (H200), one phase per call (each well under 10 minutes): re-probes the
-# committed passes whose validation could not discriminate a feature, re-times a sample of the matrix
-# with GPU time and host time apart, and checks the product's timer against triton's. Everything it
-# writes goes to $OUT; commit what comes back (results into matrix/data/results/, the timing check's
-# output into benchmarks/results/).
+# Runs ON a GPU machine, one phase per backend family (each well under 10 minutes): re-probes the
+# committed passes whose validation could not discriminate a feature (benchmarks/results/
+# blind-passes-<arch>.jsonl, or computed here), re-times a sample of the matrix with GPU time and host
+# time apart, and checks the product's timer against triton's. Install the libraries first
+# (site/gpu-probing.md). Everything it writes goes to $OUT (default attnmatrix-results/recheck); merge
+# the result files into matrix/data/results/ as the recipe's step 4 says.
 #
-#   phase  needs                                   writes under $OUT
-#   sdpa   nothing beyond the image (torch+triton)  timing_check-sdpa.jsonl, blind-sm_90.jsonl,
-#                                                   reprobe-sdpa.jsonl, retime-sdpa.jsonl
-#   fa4    FA4 installed (../shared/device: stage.sh, timing_check-fa4.jsonl, blind-sm_90.jsonl,
-#          then install.sh; /tmp/gpu-env.sh sourced)  reprobe-fa4.jsonl, retime-fa4.jsonl
-#   fa2    .gpu/fa2 carried (the built FA2 parts)     timing_check-fa2.jsonl, blind-sm_90.jsonl,
-#                                                   reprobe-fa2.jsonl, retime-fa2.jsonl
-#   fi     FlashInfer installed (site/gpu-probing.md: scripts/offline-install.sh, then
-#          `. scripts/flashinfer-env.sh --offline`), if it can be: its blind passes
+#   phase  needs                                         writes under $OUT
+#   sdpa   torch with CUDA (and triton, for the check)   timing_check-sdpa.{txt,jsonl}, reprobe-sdpa.jsonl,
+#                                                        retime-sdpa.jsonl
+#   fa4    flash-attn-4                                  the same, -fa4
+#   fa2    flash-attn 2 in its own folder, named by      the same, -fa2
+#          FA2_SITE (scripts/isolate-fa2.py makes it)
+#   fi     flashinfer-python (. scripts/flashinfer-env.sh)  the same, -fi
 #
 # env LIMIT: seconds the re-probe and re-time steps may start cases for (default 90 each; each step is
-# killed 60 s after that, its records safe on disk: a later call resumes). SAMPLE: cases of the timing
-# check per backend and dtype (default 6). The steps together stay under 9 minutes.
+# killed 60 s after that, its records safe on disk: running the phase again resumes). SAMPLE: cases of
+# the timing check per backend and dtype (default 6).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-phase=${1:?usage: evidence-h200.sh sdpa|fa4|fa2|fi}
-mkdir -p "${OUT:=/root/attnmatrix/out}"
+phase=${1:?usage: recheck-evidence.sh sdpa|fa4|fa2|fi}
+mkdir -p "${OUT:=attnmatrix-results/recheck}"
 python3 -c 'import attnmatrix.cli' 2> /dev/null \
   || python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/attnmatrix-install.log 2>&1 \
   || export PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}
@@ -32,10 +31,7 @@ case $phase in
   sdpa) backends=sdpa_cudnn,sdpa_flash,sdpa_efficient,sdpa_math; timed=sdpa_cudnn,sdpa_flash,sdpa_efficient ;;
   fa4) backends=fa4; timed=fa4,sdpa_cudnn ;;
   fa2)
-    if [[ ! -d /tmp/fa2site ]]; then
-      cat .gpu/fa2/fa2site.tar.gz.part-* | tar -xzf - -C /tmp || { echo "carry .gpu/fa2 (the built FA2)"; exit 1; }
-    fi
-    export PYTHONPATH=/tmp/fa2site${PYTHONPATH:+:$PYTHONPATH}  # FA2's regular flash_attn: never beside FA4
+    [[ -n ${FA2_SITE:-} ]] && export PYTHONPATH=$FA2_SITE${PYTHONPATH:+:$PYTHONPATH}  # never beside FA4
     backends=fa2; timed=fa2 ;;
   fi) backends=flashinfer,trtllm_decode,trtllm_ragged,trtllm_context; timed=flashinfer,trtllm_decode ;;
   *) echo "unknown phase $phase"; exit 2 ;;
@@ -48,13 +44,15 @@ timeout 150 python3 benchmarks/timing_check.py --backends "$timed" --sample "${S
   --out "$OUT/timing_check-$phase.jsonl" > "$OUT/timing_check-$phase.txt" 2>&1
 echo "timing check exit $?"; tail -22 "$OUT/timing_check-$phase.txt"
 step "blind passes (version-1 validation problems that could not discriminate a feature)"
-# The committed list (benchmarks/results/blind-passes-sm_90.jsonl, written by the same command) is used
+# The committed list (benchmarks/results/blind-passes-<arch>.jsonl, written by the same command) is used
 # as it is; without it the list is computed here, on the GPU.
-blind=benchmarks/results/blind-passes-sm_90.jsonl
+arch=$(python3 -c 'import torch; m, n = torch.cuda.get_device_capability(); print(f"sm_{m}{n}")') || exit 2
+blind=benchmarks/results/blind-passes-$arch.jsonl
 if [[ ! -s $blind ]]; then
-  blind=$OUT/blind-sm_90.jsonl
-  [[ -s $blind ]] || timeout 120 python3 scripts/reprobe.py blind --device cuda -o "$blind" 2> "$OUT/blind-sm_90.log"
-  tail -c 600 "$OUT/blind-sm_90.log"
+  blind=$OUT/blind-$arch.jsonl
+  [[ -s $blind ]] || timeout 120 python3 scripts/reprobe.py blind --arch "$arch" --device cuda -o "$blind" \
+    2> "$OUT/blind-$arch.log"
+  tail -c 600 "$OUT/blind-$arch.log"
 fi
 step "re-probe the blind passes of $backends"
 timeout -s KILL $((limit + 60)) python3 scripts/reprobe.py run --cases "$blind" \
