@@ -179,7 +179,7 @@ def probe(backends, head_dims, features_spec, ops, dtypes, out, workers, gpus, t
     Each case runs in a worker subprocess: a crash or hang is recorded (`crash`, `timeout`) and the
     worker replaced. Kill the sweep at any point and run the same command again: recorded cases
     are skipped, none is lost or duplicated. Cases are checked against a float32 reference and, if
-    they pass, timed on three shapes (median of many runs; CUDA events on a GPU).
+    they pass, timed on three shapes (on a GPU: GPU time from a replayed CUDA graph, host time per call beside it).
 
     With --executor ray the case space is built for every arch the cluster has (its nodes' accelerator
     types, or an `attnmatrix_arch_<arch>` resource on a node), cut into small chunks, and each chunk
