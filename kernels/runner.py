@@ -29,7 +29,7 @@ from attnmatrix.matrix.records import Record, parse_record
 from attnmatrix.matrix.storage import ResultStore
 
 from .probe import ProbeConfig
-from .timing import PEAK_ENV, peak_env
+from .timing import PEAK_ENV, gpu_lock_path, peak_env
 
 
 @dataclass
@@ -110,7 +110,7 @@ class _Worker:
             gpu = cfg.gpus[slot % len(cfg.gpus)]
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
             # Workers sharing a GPU compile in parallel but take turns for timed loops.
-            env["ATTNMATRIX_GPU_LOCK"] = os.path.join(tempfile.gettempdir(), f"attnmatrix-gpu{gpu}.lock")
+            env["ATTNMATRIX_GPU_LOCK"] = gpu_lock_path(gpu)
         limit = cfg.memory_limit_mb
         parent = os.getpid()
         libc = _libc()

@@ -23,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,6 +46,12 @@ def set_lock_listener(listener: Callable[[bool], None] | None) -> None:
 @dataclass
 class LockWait:
     seconds: float = 0.0
+
+
+def gpu_lock_path(gpu: int) -> str:
+    """The lock every process timing on GPU `gpu` of this machine takes turns on: a sweep's workers, the
+    matmul peak, and a second sweep started beside the first."""
+    return os.path.join(tempfile.gettempdir(), f"attnmatrix-gpu{gpu}.lock")
 
 
 @contextlib.contextmanager
@@ -285,7 +292,10 @@ def matmul_peak(device: str = "cuda", sizes: tuple[int, ...] = PEAK_SIZES, dtype
             continue
 
         def rate(a=a, b=b, n=n) -> float:
-            m = measure(lambda: a @ b, device=device, budget_ms=200.0, min_reps=5, calls=10, warmup=1)
+            # One measurement at a time under the GPU's lock: a sweep already timing on this GPU must not
+            # see its loops overlap the peak's products, nor the peak theirs.
+            with exclusive_gpu():
+                m = measure(lambda: a @ b, device=device, budget_ms=200.0, min_reps=5, calls=10, warmup=1)
             return 2 * n**3 / (m.gpu_ms * 1e-3) / 1e12
 
         detail[n], _ = find_peak(rate, max_s=max_s_per_size)
@@ -314,6 +324,7 @@ def peak_env(gpu: int | None = None, timeout_s: float = 300.0) -> dict[str, str]
     env = dict(os.environ)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env["ATTNMATRIX_GPU_LOCK"] = gpu_lock_path(gpu)
     try:
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired):

@@ -2,7 +2,7 @@
 
     python scripts/reprobe.py blind  [--arch sm_90] [--device cuda] [-o FILE]  # which passes are blind
     python scripts/reprobe.py run    --cases FILE -o OUT.jsonl [...]     # GPU: probe those cases again
-    python scripts/reprobe.py retime [--sample N] -o OUT.jsonl [...]     # GPU: re-probe a timed sample
+    python scripts/reprobe.py retime [--sample N | --stale] -o OUT.jsonl [...]  # GPU: re-probe, re-time
 
 `blind` reads the committed records (matrix/data/results), takes every validated `pass` for the arch
 whose validation problem predates version 2 (kernels/problem.py RECIPE_V1), rebuilds that problem and
@@ -14,9 +14,10 @@ one case per line (JSON), with the features it was blind to; counts by backend a
 in isolated workers on this machine's GPUs, resumable, into OUT.jsonl; cases whose backend is not
 installed here are left out and counted (`--backends` narrows further). `retime` does the same for a
 deterministic sample of the arch's timed passes (every backend and op present, both dtypes), so the
-new GPU-time figures and host times can be compared with the committed ones; `--blind-first FILE`
-puts blind cases first. Both stop starting new cases after `--limit-s` seconds (a call on the GPU
-machine has 10 minutes) and print a JSON summary; a later call with the same OUT resumes.
+new GPU-time figures and host times can be compared with the committed ones; `--stale` takes instead
+every pass whose latency is not yet GPU time, cell by cell; `--blind-first FILE` puts blind cases
+first. Both stop starting new cases after `--limit-s` seconds (a call on the GPU machine has 10
+minutes) and print a JSON summary; a later call with the same OUT resumes.
 """
 
 from __future__ import annotations
@@ -140,6 +141,22 @@ def _sample(passes: dict[str, Record], n: int, seed: int) -> list[Case]:
     return picked
 
 
+def stale_cases(passes: dict[str, Record]) -> list[Case]:
+    """Every pass whose latency is not GPU time: timed before the method was recorded (one event pair
+    and a synchronize per call, the host's launch cost included) or never timed (float16 passes were
+    not). Cell by cell, so a cell's backends are re-timed together and its ranking can be compared as
+    soon as the cell is done: bfloat16 first (the rankings rest on those figures), then the cells with
+    the most backends to compare."""
+    cells: dict[tuple, list[Case]] = {}
+    for rec in passes.values():
+        if rec.timings and all(t.method for t in rec.timings):
+            continue
+        c = rec.case
+        cells.setdefault((c.arch, c.op, c.dtype, c.head_dim, c.head_dim_v, c.features), []).append(c)
+    order = sorted(cells, key=lambda cell: (cell[2] != "bfloat16", -len(cells[cell]), cell))
+    return [c for cell in order for c in sorted(cells[cell], key=lambda c: c.backend)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -162,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     rt = sub.choices["retime"]
     rt.add_argument("--arch", default="sm_90")
     rt.add_argument("--sample", type=int, default=48)
+    rt.add_argument("--stale", action="store_true", help="every pass whose latency is not GPU time (timed "
+                    "per call with host time, or never timed), cell by cell, instead of a sample")
     rt.add_argument("--seed", type=int, default=0)
     rt.add_argument("--blind-first", help="a list written by `blind`: those cases go first")
     args = ap.parse_args(argv)
@@ -198,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         passes = committed_passes(args.arch)
         if only:
             passes = {k: r for k, r in passes.items() if r.case.backend in only}
-        cases += _sample(passes, args.sample, args.seed)
+        cases += stale_cases(passes) if args.stale else _sample(passes, args.sample, args.seed)
     if only:
         cases = [c for c in cases if c.backend in only]
     cases = list({c.key: c for c in cases}.values())
