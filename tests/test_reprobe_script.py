@@ -65,3 +65,19 @@ def test_run_refuses_without_a_gpu(tmp_path):
     with pytest.raises(SystemExit) as e:
         reprobe.main(["run", "--cases", str(cases), "-o", str(tmp_path / "o.jsonl")])
     assert e.value.code == 2 and not (tmp_path / "o.jsonl").exists()
+
+
+def test_stale_passes_are_those_not_timed_as_gpu_time_cell_by_cell(make_rec):
+    gpu_timed = make_rec(backend="fa4", head_dim=64, timings=[
+        {"shape": "b1_s4096", "latency_ms": 0.5, "method": "cuda_graph"}])
+    per_call = [make_rec(backend=b, head_dim=64, latency_ms=1.0) for b in ("sdpa_cudnn", "fa2")]
+    untimed_fp16 = [make_rec(backend=b, head_dim=hd, dtype="float16") for b in ("fa2", "fa4") for hd in (64, 128)]
+    lone = make_rec(backend="fa2", head_dim=128, latency_ms=1.0)
+    passes = {r.key: r for r in [gpu_timed, *per_call, *untimed_fp16, lone]}
+    keys = [c.key for c in reprobe.stale_cases(passes)]
+    # the GPU-timed pass is left alone; bf16 cells first, the cell with more backends first, a cell's
+    # backends together
+    assert keys == ["sm_90/fa2/prefill/bfloat16/64x64/causal", "sm_90/sdpa_cudnn/prefill/bfloat16/64x64/causal",
+                    "sm_90/fa2/prefill/bfloat16/128x128/causal",
+                    "sm_90/fa2/prefill/float16/64x64/causal", "sm_90/fa4/prefill/float16/64x64/causal",
+                    "sm_90/fa2/prefill/float16/128x128/causal", "sm_90/fa4/prefill/float16/128x128/causal"]

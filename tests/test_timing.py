@@ -133,3 +133,18 @@ def test_the_peak_is_the_best_size_after_warm_up():
     peak = timing.matmul_peak("cuda", sizes=(4096, 8192), max_s_per_size=3.0)
     assert peak.tflops == max(peak.detail.values()) and peak.n in (4096, 8192)
     assert peak.tflops > 100
+
+
+def test_the_peak_takes_turns_with_sweeps_on_its_gpu(monkeypatch):
+    """A sweep timing on GPU 1 and the peak measured for a second sweep on GPU 1 share one lock."""
+    import subprocess
+
+    seen = {}
+
+    def fake_run(cmd, env, **kw):
+        seen.update(env)
+        return subprocess.CompletedProcess(cmd, 0, '{"matmul_peak_tflops": "700.0"}\n', "")
+
+    monkeypatch.setattr(timing.subprocess, "run", fake_run)
+    assert timing.peak_env(1)[timing.PEAK_ENV] == "700.0"
+    assert seen["CUDA_VISIBLE_DEVICES"] == "1" and seen["ATTNMATRIX_GPU_LOCK"] == timing.gpu_lock_path(1)
