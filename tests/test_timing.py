@@ -132,7 +132,8 @@ def test_a_call_that_synchronises_is_timed_by_launches_and_says_why():
 def test_the_peak_is_the_best_size_after_warm_up():
     peak = timing.matmul_peak("cuda", sizes=(4096, 8192), max_s_per_size=3.0)
     assert peak.tflops == max(peak.detail.values()) and peak.n in (4096, 8192)
-    assert peak.tflops > 100
+    assert peak.tflops > 100 and peak.timer in (GRAPH, LAUNCHES)
+    assert f"({peak.timer})" in peak.provenance()["matmul_peak_method"]
 
 
 def test_the_peak_takes_turns_with_sweeps_on_its_gpu(monkeypatch):
