@@ -260,7 +260,7 @@ def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
         out[f"{ARCH_PAGE_DIR}/{page.arch}.md"] = arch_tpl.render(
             h=h, page=page, marks=T.TIER_MARK, unsupported=T.UNSUPPORTED_MARK, unknown=T.UNKNOWN_MARK,
             plot=plots.get(page.arch), panels=P.PANELS)
-    out.update(PG.cells_files(m, h))
+    out.update(PG.cells_files(m))
     out[MLA_PREFILL_PATH] = MD_ENV.get_template("mla-prefill.md.j2").render(h=h, archs=T.mla_tables(m))
     out[FA_VERSION_PATH] = MD_ENV.get_template("fa-version.md.j2").render(
         h=h, archs=T.fa_tables(m), common=T.FA_COMMON_HEAD_SIZES)
