@@ -49,6 +49,6 @@ def main() -> None:
     """
 
 
-from . import evidence, probing, query  # noqa: E402,F401 - the commands register themselves on `main`
+from . import evidence, probing, query, vllm  # noqa: E402,F401 - the commands register themselves on `main`
 
 __all__ = ["main"]

@@ -1,0 +1,59 @@
+"""`attnmatrix vllm-answers`: vLLM's own selection answers, from a pinned vLLM wheel (generator/vllm_oracle.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from attnmatrix.generator import vllm_oracle as O
+
+from . import main
+from .common import EXIT_USAGE, locate
+
+
+@main.command("vllm-answers")
+@click.option("--wheel", "wheel", required=True, type=click.Path(exists=True),
+              help="A vLLM wheel (.whl) or a folder holding its extracted vllm/ and vllm-<version>.dist-info/.")
+@click.option("-o", "--output", default=None,
+              help="Answers file to write (default: matrix/data/vllm/vllm-<version>-answers.json in the checkout). "
+                   "An existing file is replaced only if it is a vLLM answers file.")
+@click.option("--root", default=None, help="The checkout to write into (default: the one around the working folder).")
+def vllm_answers(wheel: str, output: str | None, root: str | None) -> None:
+    """Run a vLLM release's own selection code and write its answers as committed data.
+
+    \b
+    Loads the release's get_flash_attn_version (fa_utils.py, with vllm_flash_attn's is_fa_version_supported)
+    and its MLA prefill choice (platforms/interface.py, mla/prefill/*.py) into a private namespace, with small
+    stand-ins for the GPU platform (the queried compute capability), the logger, vllm.envs and the config
+    (vLLM's defaults). No vLLM install, no GPU. It asks every question the comparison page
+    (site/vllm-comparison.md) asks: the matrix's GPU archs x head dims x the get_flash_attn_version arguments
+    of the probed feature sets (ALiBi, sinks, softcap, KV block size), and the MLA triples x dtypes.
+
+    \b
+    The file records the vLLM version, the wheel's name and sha256, and the path and sha256 of every vLLM
+    file executed (checked against the wheel's RECORD). `attnmatrix generate` reads it; it never needs the wheel.
+    Example:
+      pip download --no-deps vllm==0.33.0 --only-binary=:all: --python-version 3.12 \\
+          --platform manylinux_2_28_x86_64 -d dl/
+      attnmatrix vllm-answers --wheel dl/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl
+      attnmatrix generate
+    """
+    try:
+        with O.open_release(wheel) as release:
+            click.echo(f"vLLM {release.version} from {release.wheel_name or wheel}", err=True)
+            doc = O.run_answers(release, progress=lambda s: click.echo(s, err=True))
+    except O.OracleError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_USAGE)
+    if output is None:
+        proj = locate(root, need_checkout=True)
+        output = str(proj.root / O.answers_path(doc["vllm"]["version"]))
+    try:
+        changed = O.write_answers(doc, output)
+    except O.OracleError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_USAGE)
+    n_fa, n_mla = len(doc["flash_attn_version"]), len(doc["mla_prefill"])
+    click.echo(f"{'wrote' if changed else 'unchanged'} {output}: {n_fa} get_flash_attn_version answers, "
+               f"{n_mla} MLA prefill answers, {len(doc['executed_files'])} vLLM files executed", err=True)
