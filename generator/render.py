@@ -271,10 +271,11 @@ def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
 
 def render_vllm_comparison(m: ResolvedMatrix, meta: dict) -> str:
     """vLLM's choices next to attnmatrix's, the disagreements and the selection regret (generator.vllm_comparison)."""
+    # vLLM's recorded answers: the matrix's own (meta["vllm_answers"], a path) or the package's
+    answers = VR.O.load_answers(meta["vllm_answers"]) if meta.get("vllm_answers") else VR.default_answers()
     return MD_ENV.get_template("vllm-comparison.md.j2").render(
-        h=_header(m, meta), page=VC.comparison_page(m), kinds=VC.KINDS, fa_builds=VC.fa_builds(),
-        fa_default=sorted(VR.FA_DEFAULT.items()), fa_fallback=VR.FA_FALLBACK_DEFAULT, fa_rules=VC.fa_rule_rows(),
-        mla_priorities=VC.mla_priority_rows(), mla_limits=VC.mla_limit_rows(), mapping=VC.mapping_rows(),
+        h=_header(m, meta), page=VC.comparison_page(m, answers), kinds=VC.KINDS,
+        release=VC.release_info(answers, f"matrix/data/vllm/{Path(answers.path).name}"), mapping=VC.mapping_rows(),
         sources=list(VR.VLLM_SOURCES), max_rows=VC.DISAGREEMENT_ROWS)
 
 

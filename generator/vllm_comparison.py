@@ -1,8 +1,10 @@
 """vLLM's choice next to attnmatrix's, for every cell the matrix has evidence for, and the selection regret.
 
 Plain tables for `site/vllm-comparison.md`, built from a ResolvedMatrix (through `generator.tables`' query
-helpers, i.e. `matrix.policy`) and from `generator.vllm_rules` (what vLLM would choose). Nothing is
-hard-coded about the evidence: regenerate after new results arrive and the page follows.
+helpers, i.e. `matrix.policy`) and from a pinned vLLM release's own answers (the committed answers file that
+`attnmatrix vllm-answers` writes by running the release's selection code, read through `generator.vllm_rules`).
+Nothing is hard-coded about the evidence or about vLLM: regenerate after new results or new answers and the
+page follows.
 
 - A *compared cell* is one (arch, op, dtype, head dims, feature set) key that has a resolved cell on a GPU
   arch. For prefill and decode the decision compared is the FlashAttention version (vLLM's
@@ -26,6 +28,7 @@ from attnmatrix.matrix.cases import OPS, feature_name
 from attnmatrix.matrix.policy import SUPPORTED, UNKNOWN, UNSUPPORTED, ResolvedMatrix, arch_sort_key
 
 from . import tables as T
+from . import vllm_oracle as O
 from . import vllm_rules as V
 
 FA_DECISION, MLA_DECISION = "FlashAttention version", "MLA prefill backend"
@@ -135,14 +138,14 @@ def _query_keys(m: ResolvedMatrix) -> list[T.Query]:
                                                                k[3] != k[4], k[3], k[4], len(k[5]), k[5]))]
 
 
-def compare_cell(m: ResolvedMatrix, q: T.Query) -> Comparison:
+def compare_cell(m: ResolvedMatrix, q: T.Query, vllm_answers: O.Answers) -> Comparison:
     ordered, answers = T.query(m, q)
     by_backend = {a.backend: a for a in answers}
     if q.op == "mla_prefill":
         decision, family = MLA_DECISION, set(T.mla_names(m))
     else:
         decision, family = FA_DECISION, set(T.fa_versions(m))
-    vc = V.vllm_choice(q.arch, q.op, q.head_dim, q.head_dim_v, q.features)
+    vc = V.vllm_choice(vllm_answers, q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features)
     vq = q
     if vc.pads_v:  # vLLM pads V up to the QK head size for FA2: the kernel runs at (head_dim, head_dim)
         vq = T.Query(q.arch, q.op, q.dtype, q.head_dim, q.head_dim, q.features)
@@ -163,9 +166,11 @@ def compare_cell(m: ResolvedMatrix, q: T.Query) -> Comparison:
     return Comparison(q, decision, vc, vp, amx_pick, first, fastest, len(timed), covered)
 
 
-def comparisons(m: ResolvedMatrix) -> list[Comparison]:
-    """One Comparison per (GPU arch, op, dtype, dims, features) key with a resolved cell, in page order."""
-    return [compare_cell(m, q) for q in _query_keys(m)]
+def comparisons(m: ResolvedMatrix, answers: O.Answers | None = None) -> list[Comparison]:
+    """One Comparison per (GPU arch, op, dtype, dims, features) key with a resolved cell, in page order.
+    `answers`: vLLM's recorded answers (default: the pinned release's committed file)."""
+    answers = answers or V.default_answers()
+    return [compare_cell(m, q, answers) for q in _query_keys(m)]
 
 
 # --- presentation helpers ---------------------------------------------------------------------------
@@ -320,8 +325,8 @@ def regret_rows(cs: list[Comparison]) -> list[RegretRow]:
     return out
 
 
-def comparison_page(m: ResolvedMatrix) -> ComparisonPage:
-    cs = comparisons(m)
+def comparison_page(m: ResolvedMatrix, answers: O.Answers | None = None) -> ComparisonPage:
+    cs = comparisons(m, answers)
     summary, arch_rows = [], []
     for arch in T.selector_archs(m):
         mine = [c for c in cs if c.query.arch == arch]
@@ -346,56 +351,26 @@ def comparison_page(m: ResolvedMatrix) -> ComparisonPage:
                           sum(not c.agree for c in covered), len(cs) - len(covered))
 
 
-# --- the rule tables, for the page ------------------------------------------------------------------
+# --- where vLLM's answers came from, for the page ----------------------------------------------------
 
-def _majors(lo: int | None, hi: int | None) -> str:
-    if lo is None and hi is None:
-        return "any"
-    if lo == hi:
-        return f"{lo}"
-    if hi is None:
-        return f"≥ {lo}"
-    if lo is None:
-        return f"≤ {hi}"
-    return f"{lo}–{hi}"
-
-
-def fa_rule_rows() -> list[tuple[str, str, str, str, str]]:
-    """(id, from version, capability major, conditions, to) per FA_RULES entry."""
-    out = []
-    for r in V.FA_RULES:
-        conds = []
-        for name, val in (("ALiBi", r.alibi), ("sinks", r.sinks), ("local attention", r.local),
-                          ("head_size ≠ head_size_v", r.diff_v)):
-            if val is not None:
-                conds.append(name if val else f"no {name}")
-        if r.head_size_gt is not None:
-            conds.append(f"head_size > {r.head_size_gt}")
-        if r.head_size_eq is not None:
-            conds.append(f"head_size = {r.head_size_eq}")
-        for hs, hsv in r.exempt:
-            conds.append(f"not {hs}" + ("" if hsv is None else f"×{hsv}"))
-        out.append((r.id, f"FA{r.version}", _majors(*r.majors), ", ".join(conds) or "always",
-                    " else ".join(f"FA{v}" for v in r.to) + f": {r.says}"))
-    return out
+@dataclass
+class ReleaseInfo:
+    version: str
+    wheel: str | None
+    wheel_sha256: str | None
+    files: list[tuple[str, str]]  # (path in the wheel, sha256) of every file executed
+    stand_ins: list[tuple[str, str]]  # (module, what it replaces)
+    answers_path: str
+    n_fa: int
+    n_mla: int
 
 
-def fa_builds() -> list[tuple[str, str]]:
-    return [(f"FA{v}", _majors(lo, hi)) for v, (lo, hi) in sorted(V.FA_BUILT.items())]
-
-
-def mla_priority_rows() -> list[tuple[str, str, str]]:
-    return [(_majors(*p.majors) if p.majors else "any", "any" if p.dims is None else "×".join(map(str, p.dims)),
-             " > ".join(p.order)) for p in V.MLA_PRIORITIES]
-
-
-def mla_limit_rows() -> list[tuple[str, str, str, str]]:
-    out = []
-    for name, lim in sorted(V.MLA_LIMITS.items()):
-        dims = "any" if lim.dims is None else ", ".join("×".join(map(str, d)) for d in lim.dims)
-        extra = "a FlashAttention version exists (get_flash_attn_version(qk, v))" if lim.needs_fa_version else ""
-        out.append((name, _majors(*lim.majors) if lim.majors else "any", dims, extra))
-    return out
+def release_info(answers: O.Answers, answers_path: str) -> ReleaseInfo:
+    d = answers.doc
+    return ReleaseInfo(d["vllm"]["version"], d["vllm"].get("wheel"), d["vllm"].get("wheel_sha256"),
+                       [(f["path"], f["sha256"]) for f in d["executed_files"]],
+                       [(s["module"], s["replaces"]) for s in d.get("stand_ins", [])], answers_path,
+                       len(d["flash_attn_version"]), len(d["mla_prefill"]))
 
 
 def mapping_rows() -> list[tuple[str, str]]:
@@ -404,9 +379,9 @@ def mapping_rows() -> list[tuple[str, str]]:
     return rows
 
 
-def print_regret(m: ResolvedMatrix) -> str:
+def print_regret(m: ResolvedMatrix, answers: O.Answers | None = None) -> str:
     """The regret table and the agreement summary as plain text (what `benchmarks/vllm_regret.py` prints)."""
-    page = comparison_page(m)
+    page = comparison_page(m, answers)
     lines = [f"compared cells: {page.total_compared}, agree {page.total_agree}, disagree {page.total_disagree}, "
              f"not covered {page.total_not_covered}",
              "arch     op           cells  amx-median amx-max  vllm-measured vllm-median vllm-max  "

@@ -1,4 +1,4 @@
-"""vLLM's rules as data, the comparison page, and the selection regret; and, over every cell of the embedded
+"""vLLM's recorded answers, the comparison page, and the selection regret; and, over every cell of the embedded
 matrix, the generated selector never returns a refused backend and picks the fastest validated one where
 measured."""
 
@@ -17,86 +17,69 @@ from attnmatrix.matrix.policy import SUPPORTED, UNSUPPORTED, resolve
 from attnmatrix.matrix.records import parse_record
 from conftest import vendored_selector
 
-# --- vLLM's rules, hand-checked against the source -------------------------------------------------
-# fa_utils.get_flash_attn_version as vLLM PR #42669 left it
-# (vllm-project/vllm@bf2b45b5d6a991f47702d4d87c81bb0ef8619a65), with is_fa_version_supported from the
-# vllm 0.26.0 wheel (vllm_flash_attn/flash_attn_interface.py:89):
-# FA2 major >= 8, FA3 major 9, FA4 9..11.
+# --- vLLM's answers, as the pinned release's own code gave them (matrix/data/vllm/) ------------------------
+# Seed checks read off vLLM 0.33.0's source (fa_utils.py get_flash_attn_version; platforms/interface.py
+# get_mla_prefill_backend_cls; mla/prefill/*.py validate_configuration): the committed answers must say the same.
+ANSWERS = V.default_answers()
 FA_CASES = [
-    ((9, 0), dict(head_size=128), 3),  # "Hopper (SM90): prefer FA3"
-    ((9, 0), dict(requires_alibi=True, head_size=128), 2),  # "Cannot use FA version 3 with ALiBi"
-    ((9, 0), dict(head_size=512), 4),  # "FA3 does not support head_size=512 on SM90": upgrade to FA4
-    ((9, 0), dict(requires_alibi=True, head_size=512), 2),  # the ALiBi fallback comes before the upgrade
-    ((9, 0), dict(head_size=192, head_size_v=128, has_sinks=True), 4),  # "Diff-KV with sinks"
-    ((9, 0), dict(head_size=128, has_sinks=True), 3),  # sinks alone: no upgrade
-    ((9, 0), dict(head_size=256, requires_local_attention=True), 3),  # the local rule is Blackwell-only
-    ((10, 0), dict(), 4),  # "Blackwell (SM100+, restrict to SM100 for now): prefer FA4"
-    ((10, 0), dict(head_size=128), 4),
-    ((10, 0), dict(head_size=192), 2),  # "TMEM capacity limits, defaulting to FA version 2"
-    ((10, 0), dict(head_size=192, head_size_v=128), 4),  # the (192, 128) MLA exception
-    ((10, 0), dict(head_size=256), 4),  # the 256 exception
-    ((10, 0), dict(head_size=256, requires_local_attention=True), 2),  # "does not support local attention"
-    ((10, 0), dict(head_size=128, requires_local_attention=True), 4),
-    ((10, 0), dict(requires_alibi=True, head_size=128), 2),  # "Cannot use FA version 4 with ALiBi"
-    ((10, 3), dict(head_size=512), 2),
-    ((11, 0), dict(head_size=128), 2),  # major == 10 only for the FA4 default
-    ((12, 0), dict(head_size=128), 2),
-    ((8, 0), dict(head_size=256), 2),
-    ((7, 5), dict(head_size=128), None),  # FA2 needs major >= 8: the assertion fails, None
+    ((9, 0), 128, {}, 3),  # "Hopper (SM90): prefer FA3"
+    ((9, 0), 128, dict(requires_alibi=True), 2),  # "Cannot use FA version 3 with ALiBi"
+    ((9, 0), 512, {}, 4),  # "FA3 does not support head_size=512 on SM90": upgrade to FA4
+    ((9, 0), 128, dict(has_sinks=True), 3),  # sinks alone: no upgrade
+    ((10, 0), 128, {}, 4),  # "Blackwell (SM100+, restrict to SM100 for now): prefer FA4"
+    ((10, 0), 192, {}, 2),  # "TMEM capacity limits, defaulting to FA version 2"
+    ((10, 0), 256, {}, 4),  # the hd256 kernel
+    ((10, 0), 256, dict(kv_cache_block_size=16), 2),  # hd256 kernel needs 128-token pages
+    ((10, 0), 256, dict(kv_cache_block_size=128), 4),
+    ((10, 0), 256, dict(has_sinks=True), 2),  # hd256 kernel: no sinks
+    ((10, 0), 256, dict(requires_softcap=True), 2),  # hd256 kernel: no softcap
+    ((10, 0), 128, dict(requires_alibi=True), 2),  # "Cannot use FA version 4 with ALiBi"
+    ((11, 0), 128, {}, 2),  # major == 10 only for the FA4 default
+    ((12, 0), 128, {}, 2),
+    ((8, 0), 256, {}, 2),
 ]
 
 
-@pytest.mark.parametrize(("cap", "kw", "want"), FA_CASES)
-def test_vllm_flash_attn_version(cap, kw, want):
-    assert V.flash_attn_version(cap, **kw).version == want
+@pytest.mark.parametrize(("cap", "hs", "kw", "want"), FA_CASES)
+def test_vllm_flash_attn_version_answers(cap, hs, kw, want):
+    assert ANSWERS.fa(cap, hs, hs, **kw)["version"] == want
 
 
-# selector.py's _get_mla_prefill_backend_priorities (copy id 65940059341) and the backends'
-# validate_configuration (vllm-project/vllm@9402beec..., PR #43525 for GLM-5 on TRTLLM_RAGGED).
 MLA_CASES = [
-    ((10, 0), V.R1_DIMS, ("FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"), "FLASH_ATTN", "vllm_fa4"),
-    ((10, 0), V.GLM5_DIMS, ("TRTLLM_RAGGED", "FLASH_ATTN", "FLASHINFER", "TOKENSPEED_MLA"), "TRTLLM_RAGGED",
-     "trtllm_ragged"),
-    ((10, 3), V.GLM5_DIMS, ("TRTLLM_RAGGED", "FLASH_ATTN", "FLASHINFER", "TOKENSPEED_MLA"), "TRTLLM_RAGGED",
-     "trtllm_ragged"),
-    ((9, 0), V.R1_DIMS, ("FLASH_ATTN",), "FLASH_ATTN", "vllm_fa3"),  # "Hopper (SM90) and older"
-    ((9, 0), V.GLM5_DIMS, ("FLASH_ATTN",), "FLASH_ATTN", "vllm_fa3"),
-    ((12, 0), V.R1_DIMS, ("FLASH_ATTN",), "FLASH_ATTN", "vllm_fa2"),  # major 12 is not "Blackwell" here
-    ((10, 0), (64, 64, 128), ("FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"), "FLASH_ATTN", "vllm_fa4"),
+    ((9, 0), (128, 64, 128), ["FLASH_ATTN"], "FLASH_ATTN", 3),  # the issue's seed: vLLM answers FLASH_ATTN on Hopper
+    ((10, 0), (192, 64, 256), ["TRTLLM_RAGGED", "FLASH_ATTN", "FLASHINFER", "TOKENSPEED_MLA"], "TRTLLM_RAGGED", None),
+    ((10, 0), (128, 64, 128), ["FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"], "FLASH_ATTN", 4),
+    ((10, 0), (256, 0, 256), ["FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"], "FLASH_ATTN", 2),
+    ((12, 0), (128, 64, 128), ["FLASH_ATTN"], "FLASH_ATTN", 2),  # major 12 is not "Blackwell" here
 ]
 
 
-@pytest.mark.parametrize(("cap", "dims", "order", "name", "backend"), MLA_CASES)
-def test_vllm_mla_prefill(cap, dims, order, name, backend):
-    assert V.mla_prefill_priorities(cap, *dims) == order
-    d = V.mla_prefill_backend(cap, *dims)
-    assert d.name == name
-    assert V.backend_for(d.name, d.fa.version if d.fa else None) == backend
+@pytest.mark.parametrize(("cap", "dims", "order", "name", "fa"), MLA_CASES)
+def test_vllm_mla_prefill_answers(cap, dims, order, name, fa):
+    for dtype in ("bfloat16", "float16"):
+        r = ANSWERS.mla(cap, dims, dtype)
+        assert (r["priorities"], r["backend"], r["fa_version"]) == (order, name, fa)
+    # FA2 pads V (vLLM's FLASH_ATTN MLA prefill constructor), FA3 on SM90 and FA4 do not
+    assert ANSWERS.mla((12, 0), (128, 64, 128), "bfloat16")["pads_v"] is True
+    assert ANSWERS.mla((9, 0), (128, 64, 128), "bfloat16")["pads_v"] is False
 
 
-def test_vllm_mla_details():
-    # TRTLLM_RAGGED refuses non-R1/GLM dims and non-Blackwell; FLASHINFER takes R1 only
-    assert V.mla_backend_rejects("TRTLLM_RAGGED", (10, 0), *V.R1_DIMS) == []
-    assert V.mla_backend_rejects("TRTLLM_RAGGED", (9, 0), *V.R1_DIMS)
-    assert V.mla_backend_rejects("FLASHINFER", (10, 0), *V.GLM5_DIMS)
-    # FA2 pads V (vLLM's FLASH_ATTN MLA prefill), FA3 on SM90 and FA4 do not
-    assert V.mla_prefill_backend((12, 0), *V.R1_DIMS).pads_v
-    assert not V.mla_prefill_backend((9, 0), *V.R1_DIMS).pads_v
-    assert not V.mla_prefill_backend((10, 0), *V.R1_DIMS).pads_v
-    # vLLM's names in attnmatrix's
+def test_vllm_names_in_attnmatrix_names():
     assert [V.backend_for("FLASH_ATTN", v) for v in (2, 3, 4, None)] == ["vllm_fa2", "vllm_fa3", "vllm_fa4", None]
     assert V.backend_for("CUDNN") is None and V.backend_for("TOKENSPEED_MLA") is None
     assert V.backend_for("FLASHINFER") == "flashinfer_cutlass"  # the kernels vLLM builds, not FlashInfer's choice
 
 
 def test_vllm_choice_for_matrix_cells():
-    c = V.vllm_choice("sm_90", "prefill", 128, 128, ("alibi", "causal"))
-    assert (c.backend, c.label) == ("vllm_fa2", "FLASH_ATTN FA2") and "alibi-fa3" in c.why
-    assert V.vllm_choice("sm_100", "decode", 256, 256, ("sliding_window",)).backend == "vllm_fa2"
-    assert V.vllm_choice("sm_100", "decode", 256, 256, ("causal", "softcap")).backend == "vllm_fa4"  # softcap: no rule
-    assert V.vllm_choice("sm_100", "mla_prefill", 256, 256, ("causal",)).backend == "trtllm_ragged"
-    assert V.vllm_choice("sm_100", "mla_prefill", 192, 128, ("causal",)).backend == "vllm_fa4"
-    assert V.vllm_choice("sm_75", "prefill", 128, 128, ("causal",)).backend is None
+    c = V.vllm_choice(ANSWERS, "sm_90", "prefill", "bfloat16", 128, 128, ("alibi", "causal"))
+    assert (c.backend, c.label) == ("vllm_fa2", "FLASH_ATTN FA2") and "ALiBi" in c.why
+    assert V.vllm_choice(ANSWERS, "sm_100", "decode", "bfloat16", 256, 256, ("sliding_window",)).backend == "vllm_fa4"
+    c = V.vllm_choice(ANSWERS, "sm_100", "decode", "bfloat16", 256, 256, ("causal", "softcap"))
+    assert c.backend == "vllm_fa2" and "soft capping" in c.why
+    c = V.vllm_choice(ANSWERS, "sm_100", "mla_prefill", "bfloat16", 256, 256, ("causal",))
+    assert c.backend == "trtllm_ragged" and "256x0x256: FLASH_ATTN FA2" in c.why  # two triples, one (qk, v)
+    assert V.vllm_choice(ANSWERS, "sm_100", "mla_prefill", "bfloat16", 192, 128, ("causal",)).backend == "vllm_fa4"
+    assert V.vllm_choice(ANSWERS, "sm_75", "prefill", "bfloat16", 128, 128, ("causal",)).backend is None
 
 
 def test_every_source_names_a_commit_or_a_released_wheel():
@@ -165,7 +148,7 @@ def matrix(recs=None):
 
 
 def _cmp(m, arch, op, hd, hdv, feats):
-    return VC.compare_cell(m, T.Query(arch, op, "bfloat16", hd, hdv, feats))
+    return VC.compare_cell(m, T.Query(arch, op, "bfloat16", hd, hdv, feats), ANSWERS)
 
 
 def test_comparison_cells_and_regret():
@@ -181,7 +164,7 @@ def test_comparison_cells_and_regret():
     assert "fastest validated here: sdpa_cudnn at 500.0 µs" in row.why
     c = _cmp(m, "sm_90", "prefill", 512, 512, C)
     assert c.vllm.backend == "vllm_fa4" and c.kind == "unsupported" and "512 is not supported on SM90" in VC.why(c)
-    assert "hopper-headdim-gt-256" in VC.why(c)
+    assert "FA3 does not support head_size=512 on SM90" in VC.why(c)
     c = _cmp(m, "sm_90", "prefill", 128, 128, ("alibi", "causal"))
     assert c.agree and c.kind is None
     c = _cmp(m, "sm_100", "mla_prefill", 256, 256, C)
@@ -247,7 +230,7 @@ def test_embedded_matrix_first_choice_supported_never_rejected_and_fastest(embed
             measured += 1
             first = next(a for a in ordered if a.backend == got[0])
             assert first.latency_ms / min(a.latency_ms for a in timed) == 1.0, q
-            c = VC.compare_cell(embedded, q)
+            c = VC.compare_cell(embedded, q, ANSWERS)
             assert c.regret(c.first) == 1.0, q
         n += 1
     assert n > 1000 and measured > 0
@@ -261,7 +244,10 @@ def test_embedded_default_rank_puts_vllms_default_fa_version_first(arch):
     backends = load_backends()
     fa = T.fa_versions(resolve(Evidence(backends=backends)))
     first = min(fa, key=lambda b: (default_rank(backends, b, arch), b))
-    expected = V.backend_for("FLASH_ATTN", V.flash_attn_version(V.capability_of(arch)).version)
+    answer = ANSWERS.fa(V.capability_of(arch), 128, 128)
+    if answer is None:
+        pytest.skip(f"no vLLM answer recorded for {arch}")
+    expected = V.backend_for("FLASH_ATTN", answer["version"])
     if expected not in fa:  # vLLM's FA4 copy (vllm_fa4) answers only once it is registered
         pytest.skip(f"{expected} is not a registered backend")
     assert first == expected
@@ -274,7 +260,7 @@ def test_embedded_neither_measured_only_where_vllm_leaves_its_default(embedded):
     for c in VC.comparisons(embedded):
         if c.decision != VC.FA_DECISION or not c.covered or c.kind != "by_rank":
             continue
-        default = V.backend_for("FLASH_ATTN", V.flash_attn_version(V.capability_of(c.query.arch)).version)
+        default = V.backend_for("FLASH_ATTN", ANSWERS.fa(V.capability_of(c.query.arch), 128, 128)["version"])
         assert c.vllm.backend != default or T.applicable_ranking(embedded, c.query) is not None, c.label
         n += 1
     assert n < 50  # was 432 with one global order (FA4, FA3, FA2 first on every arch)
