@@ -147,8 +147,10 @@ def compare_cell(m: ResolvedMatrix, q: T.Query, vllm_answers: O.Answers) -> Comp
         decision, family = FA_DECISION, set(T.fa_versions(m))
     vc = V.vllm_choice(vllm_answers, q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features)
     vq = q
-    if vc.pads_v:  # vLLM pads V up to the QK head size for FA2: the kernel runs at (head_dim, head_dim)
-        vq = T.Query(q.arch, q.op, q.dtype, q.head_dim, q.head_dim, q.features)
+    if vc.pads_v:
+        # vLLM pads V up to the QK head size for FA2: the call is then FA2's ordinary varlen prefill at
+        # (head_dim, head_dim), so that cell's evidence answers it.
+        vq = T.Query(q.arch, "prefill", q.dtype, q.head_dim, q.head_dim, q.features)
     if vc.backend is None:
         vp = NO_PICK
     elif vq is q:

@@ -275,3 +275,15 @@ def test_embedded_regret_table_is_consistent(embedded):
         if r.vllm_measured:
             assert float(r.vllm_median) >= 1.0 and float(r.vllm_max) >= float(r.vllm_median), r
             assert math.isfinite(float(r.vllm_max))
+
+
+def test_a_padded_v_mla_prefill_is_answered_by_fa2s_plain_prefill(embedded):
+    """vLLM runs FA2 for MLA prefill with V padded to the QK head size: that call is FA2's varlen prefill at
+    (qk, qk), so the prefill cell's evidence answers for vLLM's pick."""
+    padded = [c for c in VC.comparisons(embedded) if c.vllm.pads_v and c.query.arch == "sm_110"]
+    assert padded
+    for c in padded:
+        q = c.query
+        want = T.answer(embedded, T.Query(q.arch, "prefill", q.dtype, q.head_dim, q.head_dim, q.features),
+                        c.vllm_pick.backend)
+        assert c.vllm_pick.status == want.status, c.label
