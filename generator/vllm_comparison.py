@@ -130,10 +130,11 @@ def _pick(m: ResolvedMatrix, q: T.Query, a: T.Answer | None, backend: str | None
 
 def _query_keys(m: ResolvedMatrix) -> list[T.Query]:
     archs = set(T.selector_archs(m))
-    # The selector's queries name no MLA rope split: a `qk_rope:<n>` cell is asked by its (qk, v) totals.
-    keys = {(c.case.arch, c.case.op, c.case.dtype, c.case.head_dim, c.case.head_dim_v,
-             tuple(t for t in c.case.features if feature_name(t) != "qk_rope"))
-            for c in T.public_cells(m) if c.case.arch in archs}
+    # vLLM asks MLA prefill per (qk_nope, qk_rope, v) triple: a `qk_rope:<n>` cell is its own question. MLA
+    # cells without a rope split (kernels probed by (qk, v) totals) answer no vLLM question and are left out.
+    keys = {(c.case.arch, c.case.op, c.case.dtype, c.case.head_dim, c.case.head_dim_v, c.case.features)
+            for c in T.public_cells(m) if c.case.arch in archs
+            and (c.case.op != "mla_prefill" or c.case.has("qk_rope"))}
     return [T.Query(*k) for k in sorted(keys, key=lambda k: (arch_sort_key(k[0]), OPS.index(k[1]), k[2],
                                                                k[3] != k[4], k[3], k[4], len(k[5]), k[5]))]
 
@@ -150,7 +151,8 @@ def compare_cell(m: ResolvedMatrix, q: T.Query, vllm_answers: O.Answers) -> Comp
     if vc.pads_v:
         # vLLM pads V up to the QK head size for FA2: the call is then FA2's ordinary varlen prefill at
         # (head_dim, head_dim), so that cell's evidence answers it.
-        vq = T.Query(q.arch, "prefill", q.dtype, q.head_dim, q.head_dim, q.features)
+        vq = T.Query(q.arch, "prefill", q.dtype, q.head_dim, q.head_dim,
+                     tuple(t for t in q.features if feature_name(t) != "qk_rope"))
     if vc.backend is None:
         vp = NO_PICK
     elif vq is q:

@@ -109,7 +109,9 @@ def vllm_choice(answers: O.Answers, arch: str, op: str, dtype: str, head_dim: in
     cap = capability_of(arch)
     version = f"vLLM {answers.version}"
     if op == "mla_prefill":
-        triples = [(head_dim - r, r, head_dim_v) for r in mla_rope_splits((head_dim, head_dim_v))]
+        rope = next((int(t.partition(":")[2]) for t in features if t.startswith("qk_rope:")), None)
+        splits = [rope] if rope is not None else mla_rope_splits((head_dim, head_dim_v))
+        triples = [(head_dim - r, r, head_dim_v) for r in splits]
         rows = [(t, answers.mla(cap, t, dtype)) for t in triples]
         rows = [(t, r) for t, r in rows if r is not None]
         if not rows:

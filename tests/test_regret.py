@@ -102,6 +102,7 @@ BACKENDS = {
     "sdpa_cudnn": {"default_rank": 30},
 }
 C = ("causal",)
+MLA = ("causal", "qk_rope:64")
 
 
 def rec(arch, backend, feats=C, outcome="pass", *, hd=128, hdv=None, op="prefill", tier="validated", lat=None,
@@ -135,10 +136,12 @@ def records(fa3_lat=2.0):
         # ALiBi: both pick fa2
         rec(H, "vllm_fa2", ("alibi", "causal"), lat=3.0), rec(H, "vllm_fa3", ("alibi", "causal"), "rejected"),
         rec(H, "vllm_fa4", ("alibi", "causal"), "rejected"),
-        # MLA on Blackwell at GLM-5 dims: vLLM picks TRTLLM_RAGGED (declared); attnmatrix measured fa4 first
+        # MLA on Blackwell at GLM-5 dims (192, 64, 256): vLLM picks TRTLLM_RAGGED (declared); attnmatrix measured
+        # fa4 first. The same dims by their (qk, v) totals alone ask vLLM nothing: no comparison row.
+        rec("sm_100", "vllm_fa4", MLA, op="mla_prefill", hd=256, lat=1.5),
+        rec("sm_100", "sdpa_cudnn", MLA, op="mla_prefill", hd=256, lat=3.0),
+        rec("sm_100", "trtllm_ragged", MLA, op="mla_prefill", hd=256, tier="declared"),
         rec("sm_100", "vllm_fa4", op="mla_prefill", hd=256, lat=1.5),
-        rec("sm_100", "sdpa_cudnn", op="mla_prefill", hd=256, lat=3.0),
-        rec("sm_100", "trtllm_ragged", op="mla_prefill", hd=256, tier="declared"),
     ]
 
 
@@ -167,8 +170,9 @@ def test_comparison_cells_and_regret():
     assert "FA3 does not support head_size=512 on SM90" in VC.why(c)
     c = _cmp(m, "sm_90", "prefill", 128, 128, ("alibi", "causal"))
     assert c.agree and c.kind is None
-    c = _cmp(m, "sm_100", "mla_prefill", 256, 256, C)
+    c = _cmp(m, "sm_100", "mla_prefill", 256, 256, MLA)
     assert (c.vllm.backend, c.amx_pick.backend, c.kind) == ("trtllm_ragged", "vllm_fa4", "unmeasured")
+    assert not [x for x in VC.comparisons(m) if x.query.op == "mla_prefill" and x.query.features == C]
     rows = {(r.arch, r.op): r for r in VC.regret_rows(VC.comparisons(m))}
     r = rows[("sm_90", "prefill")]
     assert (r.cells, r.amx_median, r.amx_max, r.vllm_measured, r.vllm_median) == (1, "1.00", "1.00", 1, "4.00")
@@ -219,7 +223,11 @@ def test_embedded_matrix_first_choice_supported_never_rejected_and_fastest(embed
     sel, n, measured = embedded_selector, 0, 0
     for q in VC._query_keys(embedded):
         cap = V.capability_of(q.arch)
-        got = sel.select_backends(cap, q.head_dim, q.head_dim_v, op=q.op, dtype=q.dtype, **_flags(q.features))
+        if any(feature_name(t) == "qk_rope" for t in q.features):  # an MLA triple: the engine's own query
+            got = [a.backend for a in sel._ENGINE.query(q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v,
+                                                         tuple(sorted(q.features)))[0]]
+        else:
+            got = sel.select_backends(cap, q.head_dim, q.head_dim_v, op=q.op, dtype=q.dtype, **_flags(q.features))
         ordered, answers = T.query(embedded, q)
         status = {a.backend: a.status for a in answers}
         assert got == [a.backend for a in ordered], q
