@@ -249,7 +249,7 @@ class Peak:
     tflops: float
     n: int  # the square size that reached it
     detail: dict  # best TFLOP/s per size
-    timer: str = ""  # the timing method that reached it (TIMING_METHODS), when more than one was tried
+    timer: str = ""  # the timing method that reached it (one of TIMING_METHODS)
 
     def provenance(self) -> dict[str, str]:
         how = f"bf16 n={self.n}" + (f" ({self.timer})" if self.timer else "")
@@ -314,7 +314,7 @@ def matmul_peak(device: str = "cuda", sizes: tuple[int, ...] = PEAK_SIZES, dtype
                 detail[n], timer[n] = best, methods[-1]
         del a, b
     n_best = max(detail, key=lambda n: detail[n])
-    return Peak(detail[n_best], n_best, detail, timer[n_best] if device == "cuda" else "")
+    return Peak(detail[n_best], n_best, detail, timer[n_best])
 
 
 def matmul_peak_tflops(device: str, n: int | None = None, dtype: torch.dtype = torch.bfloat16,

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                    "the problems' values are drawn on the CPU either way)")
     for name in ("run", "retime"):
         p = sub.add_parser(name)
-        p.add_argument("-o", "--output", required=True, help="result file (JSON Lines, resumable)")
+        p.add_argument("-o", "--output", help="result file (JSON Lines, resumable; required unless --list)")
         p.add_argument("--backends", help="only these backends (comma-separated)")
         p.add_argument("--workers", type=int, default=0, help="worker processes (default 4 per GPU)")
         p.add_argument("--timeout", type=float, default=300.0, help="seconds per case (first calls JIT-compile)")
@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                     "per call with host time, or never timed), cell by cell, instead of a sample")
     rt.add_argument("--seed", type=int, default=0)
     rt.add_argument("--blind-first", help="a list written by `blind`: those cases go first")
+    rt.add_argument("--list", action="store_true", help="print the cases it would take, counted by backend and "
+                    "dtype, and probe nothing (no GPU needed)")
     args = ap.parse_args(argv)
 
     if args.cmd == "blind":
@@ -221,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     if only:
         cases = [c for c in cases if c.backend in only]
     cases = list({c.key: c for c in cases}.values())
+    if args.cmd == "retime" and args.list:
+        counts = Counter(f"{c.backend} {c.dtype}" for c in cases)
+        print(json.dumps({"cases": len(cases), "by_backend_dtype": dict(sorted(counts.items()))}, indent=1))
+        return 0
+    if not args.output:
+        ap.error("-o/--output is required")
     summary = _probe(cases, Path(args.output), args)
     print(json.dumps(summary, indent=1, sort_keys=True))
     return 0

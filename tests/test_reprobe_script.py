@@ -81,3 +81,10 @@ def test_stale_passes_are_those_not_timed_as_gpu_time_cell_by_cell(make_rec):
                     "sm_90/fa2/prefill/bfloat16/128x128/causal",
                     "sm_90/fa2/prefill/float16/64x64/causal", "sm_90/fa4/prefill/float16/64x64/causal",
                     "sm_90/fa2/prefill/float16/128x128/causal", "sm_90/fa4/prefill/float16/128x128/causal"]
+
+
+def test_retime_list_counts_without_a_gpu(capsys):
+    assert reprobe.main(["retime", "--stale", "--list", "--backends", "sdpa_math"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cases"] == sum(out["by_backend_dtype"].values()) > 0
+    assert all(k.startswith("sdpa_math ") for k in out["by_backend_dtype"])
