@@ -46,8 +46,6 @@ import logging
 import math
 import os
 import queue
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -64,6 +62,7 @@ from attnmatrix.matrix.storage import ResultStore
 
 from .probe import ProbeConfig
 from .runner import RunnerConfig, RunSummary, pending_cases, run_cases
+from .timing import PEAK_ENV, peak_env
 
 ARCH_RESOURCE_PREFIX = "attnmatrix_arch_"
 ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
@@ -246,24 +245,17 @@ def check_arch(rec: Record) -> str | None:
 
 # --- what a task runs on a node ---------------------------------------------------------------------------
 
-_PEAK_CACHE: dict[tuple, str] = {}
+_PEAK_CACHE: dict[tuple, dict[str, str]] = {}
 
 
-def _peak_tflops(gpus: list[int] | None) -> str | None:
-    """The bf16 matmul rate of the task's GPU, measured once per Ray worker process, in a subprocess (the
-    Ray worker must not hold a CUDA context: it is reused for tasks on other GPUs)."""
+def _peak_env(gpus: list[int] | None) -> dict[str, str]:
+    """The task's GPU's matmul peak as the environment workers read (`kernels.timing.peak_env`), measured
+    once per Ray worker process: in a subprocess, since the Ray worker must not hold a CUDA context (it
+    is reused for tasks on other GPUs)."""
     key = tuple(gpus or ())
     if key not in _PEAK_CACHE:
-        env = dict(os.environ)
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpus[0])
-        code = "from attnmatrix.kernels.timing import matmul_peak_tflops; print(f\"{matmul_peak_tflops('cuda'):.1f}\")"
-        try:
-            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-            _PEAK_CACHE[key] = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
-        except (OSError, subprocess.TimeoutExpired):
-            _PEAK_CACHE[key] = ""
-    return _PEAK_CACHE[key] or None
+        _PEAK_CACHE[key] = peak_env(gpus[0] if gpus else None)
+    return _PEAK_CACHE[key]
 
 
 def probe_chunk(case_dicts: list[dict], settings: dict) -> Iterator[tuple[str, dict]]:
@@ -286,10 +278,8 @@ def probe_chunk(case_dicts: list[dict], settings: dict) -> Iterator[tuple[str, d
             gpus = [int(g) for g in ray.get_gpu_ids()] or None
         except (TypeError, ValueError):  # UUIDs: leave CUDA_VISIBLE_DEVICES as Ray set it
             gpus = None
-        if probe_cfg.timing and "ATTNMATRIX_MATMUL_PEAK_TFLOPS" not in env:
-            peak = _peak_tflops(gpus)
-            if peak:
-                env["ATTNMATRIX_MATMUL_PEAK_TFLOPS"] = peak
+        if probe_cfg.timing and PEAK_ENV not in env:
+            env.update(_peak_env(gpus))
     else:
         env.setdefault("ATTNMATRIX_CPU_THREADS", str(max(1, int(settings.get("cpus", 1)) // workers)))
     cfg = RunnerConfig(workers=workers, timeout_s=settings["timeout_s"],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import math
 import os
@@ -242,20 +243,41 @@ def time_ms(fn: Callable[[], object], *, device: str, budget_ms: float = 150.0, 
 # --- the device's own ceiling ---------------------------------------------------------------------------
 
 PEAK_SIZES = (4096, 6144, 8192, 12288, 16384)
+# The data the peak's products run on. A matmul's rate depends on its operands' values: random data
+# toggles more transistors per operation, the GPU reaches its power limit and lowers its clocks, while
+# low-entropy operands let it keep them (Horace He, "Strangely, Matrix Multiplications on GPUs Run Faster
+# When Given 'Predictable' Data", thonking.ai, 2024). Attention kernels on random Q/K/V outrun a cuBLAS
+# product on random data on an H200 (softmax probabilities are low-entropy operands to the second
+# product), so the ceiling is the best over both kinds; the random-data rate is recorded beside it.
+PEAK_DATA = ("normal", "zeros")
+PEAK_OPERANDS: dict[str, Callable[..., torch.Tensor]] = {
+    "normal": lambda n, **kw: torch.randn(n, n, **kw),
+    "uniform": lambda n, **kw: torch.rand(n, n, **kw),
+    "ones": lambda n, generator, **kw: torch.ones(n, n, **kw),
+    "zeros": lambda n, generator, **kw: torch.zeros(n, n, **kw),
+}
 
 
 @dataclass(frozen=True)
 class Peak:
     tflops: float
     n: int  # the square size that reached it
-    detail: dict  # best TFLOP/s per size
+    detail: dict  # best TFLOP/s per size (over every data kind and timer)
     timer: str = ""  # the timing method that reached it (one of TIMING_METHODS)
+    data: str = ""  # the operands' kind that reached it (one of PEAK_DATA)
+    by_data: dict | None = None  # data kind -> {size: best TFLOP/s}
 
     def provenance(self) -> dict[str, str]:
-        how = f"bf16 n={self.n}" + (f" ({self.timer})" if self.timer else "")
-        return {"matmul_peak_tflops": f"{self.tflops:.1f}",
-                "matmul_peak_method": f"{how}, best of sizes "
-                + ", ".join(f"{n}:{v:.0f}" for n, v in sorted(self.detail.items()))}
+        how = f"bf16 n={self.n}" + (f" {self.data}" if self.data else "") + (f" ({self.timer})" if self.timer else "")
+        method = f"{how}, best of sizes " + _sizes(self.detail)
+        for kind, per in sorted((self.by_data or {}).items()):
+            if kind != self.data and per:
+                method += f"; {kind} data: {max(per.values()):.0f} ({_sizes(per)})"
+        return {"matmul_peak_tflops": f"{self.tflops:.1f}", "matmul_peak_method": method}
+
+
+def _sizes(per: dict) -> str:
+    return ", ".join(f"{n}:{v:.0f}" for n, v in sorted(per.items()))
 
 
 def find_peak(rate: Callable[[], float], *, rise: float = 0.005, patience: int = 3, max_s: float = 6.0,
@@ -276,23 +298,22 @@ def find_peak(rate: Callable[[], float], *, rise: float = 0.005, patience: int =
 
 
 def matmul_peak(device: str = "cuda", sizes: tuple[int, ...] = PEAK_SIZES, dtype: torch.dtype = torch.bfloat16,
-                max_s_per_size: float = 6.0) -> Peak:
-    """The highest bf16 matmul rate this device reaches: each size is run until its rate stops rising
-    (clocks ramp up: an H200 idles at 345 MHz), timed both in a CUDA graph and by back-to-back launches
-    (cuBLAS inside a graph capture may run other kernels than outside one, and a peak below what an
-    attention kernel reaches is no peak), and the best size and timer win (on the H200, n=4096 reached
-    777 TFLOP/s after seconds of warm-up while n=8192 and 16384 stayed at 661-675)."""
+                max_s_per_size: float = 6.0, data: tuple[str, ...] = PEAK_DATA) -> Peak:
+    """The highest bf16 matmul rate this device reaches: each size and data kind (`PEAK_DATA`) is run
+    until its rate stops rising (clocks ramp up: an H200 idles at 345 MHz), timed both in a CUDA graph
+    and by back-to-back launches (cuBLAS inside a graph capture may run other kernels than outside one),
+    and the best size, data and timer win. A peak below what an attention kernel reaches is no peak."""
     if device != "cuda":
         sizes = (512, 1024)
-    detail: dict[int, float] = {}
-    timer: dict[int, str] = {}
+    by_data: dict[str, dict[int, float]] = {}
+    timer: dict[tuple[str, int], str] = {}
     # A generator of its own: a CUDA graph capture that failed earlier in this process (a call that
     # cannot be captured) can leave the default CUDA generator unusable outside capture.
     gen = torch.Generator(device=device).manual_seed(0)
-    for n in sizes:
+    for kind, n in itertools.product(data, sizes):
         try:
-            a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-            b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+            a = PEAK_OPERANDS[kind](n, generator=gen, device=device, dtype=dtype)
+            b = PEAK_OPERANDS[kind](n, generator=gen, device=device, dtype=dtype)
         except torch.OutOfMemoryError:
             continue
 
@@ -307,18 +328,19 @@ def matmul_peak(device: str = "cuda", sizes: tuple[int, ...] = PEAK_SIZES, dtype
             methods.append(m.method)
             return 2 * n**3 / (m.gpu_ms * 1e-3) / 1e12
 
+        per = by_data.setdefault(kind, {})
         for capture in ((True, False) if device == "cuda" else (True,)):
             methods.clear()
             best, _ = find_peak(lambda capture=capture: rate(capture=capture), max_s=max_s_per_size)
-            if best > detail.get(n, -math.inf):
-                detail[n], timer[n] = best, methods[-1]
+            if best > per.get(n, -math.inf):
+                per[n], timer[kind, n] = best, methods[-1]
         del a, b
-    n_best = max(detail, key=lambda n: detail[n])
-    return Peak(detail[n_best], n_best, detail, timer[n_best])
+    kind, n_best = max(((k, n) for k, per in by_data.items() for n in per), key=lambda kn: by_data[kn[0]][kn[1]])
+    detail = {n: max(per[n] for per in by_data.values() if n in per) for per in by_data.values() for n in per}
+    return Peak(by_data[kind][n_best], n_best, detail, timer[kind, n_best], kind, by_data)
 
 
-def matmul_peak_tflops(device: str, n: int | None = None, dtype: torch.dtype = torch.bfloat16,
-                       warmup_s: float | None = None) -> float:
+def matmul_peak_tflops(device: str, n: int | None = None, dtype: torch.dtype = torch.bfloat16) -> float:
     """The measured bf16 matmul ceiling of this device (see `matmul_peak`); `n` pins one size."""
     sizes = (n,) if n else PEAK_SIZES
     return matmul_peak(device, sizes=sizes, dtype=dtype).tflops

@@ -46,9 +46,19 @@ def test_peak_provenance_names_the_size_and_the_others():
                     "matmul_peak_method": "bf16 n=4096, best of sizes 4096:777, 8192:668"}
 
 
-def test_cpu_peak_is_measured_on_small_sizes():
+def test_peak_provenance_names_the_data_that_reached_it_and_the_random_data_rate():
+    prov = Peak(905.4, 8192, {4096: 890.0, 8192: 905.4}, "cuda_graph", "zeros",
+                {"zeros": {4096: 890.0, 8192: 905.4}, "normal": {4096: 700.2, 8192: 686.0}}).provenance()
+    assert prov == {"matmul_peak_tflops": "905.4",
+                    "matmul_peak_method": "bf16 n=8192 zeros (cuda_graph), best of sizes 4096:890, 8192:905; "
+                                          "normal data: 700 (4096:700, 8192:686)"}
+
+
+def test_cpu_peak_is_measured_on_small_sizes_for_every_data_kind():
     peak = timing.matmul_peak("cpu", max_s_per_size=0.3)
     assert set(peak.detail) == {512, 1024} and peak.tflops == max(peak.detail.values()) > 0
+    assert set(peak.by_data) == set(timing.PEAK_DATA) and peak.data in timing.PEAK_DATA
+    assert peak.tflops == max(v for per in peak.by_data.values() for v in per.values())
 
 
 # --- records -------------------------------------------------------------------------------------------------
@@ -134,6 +144,29 @@ def test_the_peak_is_the_best_size_after_warm_up():
     assert peak.tflops == max(peak.detail.values()) and peak.n in (4096, 8192)
     assert peak.tflops > 100 and peak.timer in (GRAPH, LAUNCHES)
     assert f"({peak.timer})" in peak.provenance()["matmul_peak_method"]
+
+
+@pytest.mark.gpu
+def test_no_attention_kernel_outruns_the_peak():
+    """SDPA's cuDNN kernel at head dim 192, b1_s8192, outran the random-data matmul rate on an H200
+    (711 against 690-700 TFLOP/s): the peak a sweep records must stay above it."""
+    from attnmatrix.kernels.base import load_backend
+    from attnmatrix.kernels.flops import problem_flops
+    from attnmatrix.kernels.problem import TIMING_SHAPES, make_problem
+    from attnmatrix.matrix.cases import Case
+
+    backend = load_backend("sdpa_cudnn")
+    if backend.availability():
+        pytest.skip(backend.availability())
+    arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    shape = next(s for s in TIMING_SHAPES["prefill"] if s.name == "b1_s8192")
+    prob = make_problem(Case(arch, "sdpa_cudnn", "prefill", "bfloat16", 192, 192, ()), shape, device="cuda",
+                        draw_on_device=True)
+    fn = backend.prepare(prob)
+    attention = max(problem_flops(prob) / (measure(fn, device="cuda", budget_ms=200.0).gpu_ms * 1e-3) / 1e12
+                    for _ in range(4))
+    peak = timing.matmul_peak("cuda", sizes=(4096, 8192), max_s_per_size=3.0)
+    assert attention < peak.tflops, (attention, peak.provenance())
 
 
 def test_the_peak_takes_turns_with_sweeps_on_its_gpu(monkeypatch):

@@ -93,18 +93,19 @@ def local_sweep(cases: list, out: Path, *, device: str, workers: int | None, tim
     from attnmatrix.kernels.probe import ProbeConfig
     from attnmatrix.kernels.runner import RunnerConfig
 
-    env = {}
-    if device == "cuda" and timing:
-        from attnmatrix.kernels.timing import matmul_peak_tflops
-
-        peak = matmul_peak_tflops("cuda")
-        env["ATTNMATRIX_MATMUL_PEAK_TFLOPS"] = f"{peak:.1f}"
-        if not quiet:
-            click.echo(f"measured bf16 matmul peak: {peak:.1f} TFLOP/s", err=True)
+    env: dict[str, str] = {}
     if device == "cuda" and gpus is None:
         import torch
 
         gpus = list(range(torch.cuda.device_count()))
+    if device == "cuda" and timing:
+        from attnmatrix.kernels.timing import PEAK_ENV, PEAK_METHOD_ENV, peak_env
+
+        # Measured in a subprocess: this process must not hold a CUDA context its workers inherit.
+        env = peak_env(gpus[0] if gpus else None)
+        if not quiet:
+            click.echo(f"measured bf16 matmul peak: {env[PEAK_ENV]} TFLOP/s ({env[PEAK_METHOD_ENV]})" if env
+                       else "the bf16 matmul peak could not be measured; records will carry none", err=True)
     probe_cfg = ProbeConfig(timing=timing, run_id=workflow.new_run_id(), timed_dtypes=timed_dtypes,
                             budget_ms=budget_ms)
     # Default: one worker per GPU, at least 2 (timed loops take turns on a GPU, so more workers mostly add
