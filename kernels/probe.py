@@ -164,9 +164,12 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
     if config.timing and case.dtype in config.timed_dtypes:
         shapes = TIMING_SHAPES if device == "cuda" else CPU_TIMING_SHAPES
         for shape in shapes[case.op]:
-            tp = make_problem(case, shape, device=device, seed=config.seed + 1, draw_on_device=True)
-            flops = problem_flops(tp)
+            tp = None
             try:
+                # Inside the try: a timing shape too large for the memory left (its inputs or the kernel's
+                # workspace) is a shape not timed, not a crash of the case that passed its check.
+                tp = make_problem(case, shape, device=device, seed=config.seed + 1, draw_on_device=True)
+                flops = problem_flops(tp)
                 tfn = backend.prepare(tp)
                 tfn()  # first call outside the lock: JIT compiles may take seconds
                 with exclusive_gpu() as waited:
@@ -178,6 +181,8 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
                                + _message(e), error=err, entry=entry,
                                extra={"device_fault": True, "seconds": seconds})
                 untimed[shape.name] = _message(e, 300)
+                if device == "cuda":
+                    torch.cuda.empty_cache()
                 continue
             finally:
                 del tp

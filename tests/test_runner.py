@@ -289,6 +289,29 @@ def test_a_fault_at_a_timed_shape_is_a_crash_not_an_untimed_note() -> None:
     assert untimed.outcome == "pass"
 
 
+
+def test_a_timing_shape_whose_inputs_do_not_fit_is_untimed_not_a_crash(monkeypatch) -> None:
+    """Out of memory while building a timing shape's inputs (other workers hold the GPU's memory) is that
+    shape not timed: the case that passed its check stays a `pass`, the other shapes are still timed."""
+    import attnmatrix.kernels.probe as probe_mod
+    import torch
+    from attnmatrix.kernels.problem import CPU_TIMING_SHAPES
+
+    big = CPU_TIMING_SHAPES["prefill"][0].name
+    real = probe_mod.make_problem
+
+    def make_problem(case, shape, **kw):
+        if shape.name == big:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB.")
+        return real(case, shape, **kw)
+
+    monkeypatch.setattr(probe_mod, "make_problem", make_problem)
+    rec = probe_mod.probe_case(_case("sdpa_cpu"), ProbeConfig(), {"device": "cpu"})
+    assert rec.outcome == "pass", rec.reason
+    assert rec.extra["untimed"] == {big: "OutOfMemoryError: CUDA out of memory. Tried to allocate 16.00 GiB."}
+    assert [t.shape for t in rec.timings] == [s.name for s in CPU_TIMING_SHAPES["prefill"][1:]]
+
+
 def test_a_long_refusal_keeps_its_end() -> None:
     """A failed JIT build puts the compiler's error after pages of command lines: the recorded reason
     keeps the start (what failed) and the end (why), within the limit."""
