@@ -110,10 +110,10 @@ def measured(cells: Iterable[ResolvedCell]) -> dict[str, dict[tuple, dict[str, t
     backends, fastest first."""
     timings: dict[tuple, dict[str, dict[str, float]]] = defaultdict(dict)
     for c in cells:
-        if c.status == SUPPORTED and c.winner is not None and c.winner.timings:
+        if c.timings:
             k = c.case
             timings[(k.arch, k.op, k.dtype, k.head_dim, k.head_dim_v, fset_label(k.features))][k.backend] = {
-                t.shape: t.latency_ms for t in c.winner.timings}
+                t.shape: t.latency_ms for t in c.timings}
     out: dict[str, dict[tuple, dict]] = defaultdict(lambda: defaultdict(dict))
     for key in sorted(timings, key=lambda k: (arch_sort_key(k[0]), OPS.index(k[1]), k[2], k[3] != k[4], k[3:5],
                                               k[5] != "none", len(k[5].split("+")), k[5])):

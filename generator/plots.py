@@ -6,9 +6,12 @@ Two panels per arch, one per workload (`PANELS`): causal bfloat16 prefill and ca
 per backend and head size. Per arch:
 
 - `site/plots/<arch>-tflops.svg`: TFLOP/s;
-- `site/plots/<arch>-peak.svg`: the same as a percentage of the measured bf16 matmul peak of the machine that
-  timed each cell (`provenance["matmul_peak_tflops"]`, recorded by GPU sweeps). Cells without it are left out;
-  an arch where none has it gets no such plot.
+- `site/plots/<arch>-peak.svg`: the same as a percentage of the bf16 matmul peak of the device model that
+  timed each cell: the highest `provenance["matmul_peak_tflops"]` any of the matrix's measured cells on that
+  device recorded. A peak is the device's ceiling, not a run's: each sweep measures it afresh
+  (`kernels.timing.matmul_peak`), and a run whose clocks or operands held it lower would otherwise read
+  as its cells running nearer the ceiling. A device with no recorded peak is left out; an arch where
+  none has one gets no such plot.
 
 An arch without measured cells gets no plot (the pages say so), and without any measurement anywhere
 matplotlib is not even imported.
@@ -81,7 +84,7 @@ class Point:
     head_dim: int
     head_dim_v: int
     tflops: float
-    peak_fraction: float | None  # tflops / the timing machine's measured matmul peak, if recorded
+    peak_fraction: float | None  # tflops / the device model's measured matmul peak, if any was recorded
     device: str
 
 
@@ -95,6 +98,7 @@ class ArchPlots:
     panels: tuple[tuple[Panel, tuple[Point, ...]], ...]
     tflops_path: str
     peak_path: str | None
+    peaks: tuple[tuple[str, float], ...] = ()  # (device, the matmul peak its fractions divide by)
 
     @property
     def tflops_file(self) -> str:
@@ -112,7 +116,7 @@ class ArchPlots:
 
 
 def _peak(cell: ResolvedCell) -> float | None:
-    raw = cell.winner.provenance.get(PEAK_FIELD) if cell.winner else None
+    raw = cell.timed_by.provenance.get(PEAK_FIELD) if cell.timed_by else None
     try:
         peak = float(raw)  # recorded as a string, e.g. "741.3"
     except (TypeError, ValueError):
@@ -125,22 +129,37 @@ def is_measured(cell: ResolvedCell) -> bool:
     return cell.status == SUPPORTED and cell.tier == "validated" and t is not None and math.isfinite(t)
 
 
-def _point(cell: ResolvedCell) -> Point:
+def _device(cell: ResolvedCell) -> str:
+    return str(cell.timed_by.provenance.get("device", "")) if cell.timed_by else ""
+
+
+def device_peaks(m: ResolvedMatrix) -> dict[str, float]:
+    """Device model -> the highest matmul peak its measured cells recorded (see the module docstring)."""
+    peaks: dict[str, float] = {}
+    for c in T.public_cells(m):
+        peak = _peak(c) if is_measured(c) else None
+        if peak is not None and _device(c):
+            peaks[_device(c)] = max(peak, peaks.get(_device(c), 0.0))
+    return peaks
+
+
+def _point(cell: ResolvedCell, peaks: dict[str, float]) -> Point:
     t = float(cell.tflops)  # type: ignore[arg-type]
-    peak = _peak(cell)
+    peak = peaks.get(_device(cell))
     return Point(cell.case.backend, cell.case.head_dim, cell.case.head_dim_v, t,
-                 None if peak is None else t / peak, str(cell.winner.provenance.get("device", "")))
+                 None if peak is None else t / peak, _device(cell))
 
 
 def plot_index(m: ResolvedMatrix) -> dict[str, ArchPlots]:
     """arch -> its plots, for every arch with measured cells in at least one panel (cheap: no matplotlib)."""
     per: dict[str, dict[Panel, list[Point]]] = defaultdict(lambda: defaultdict(list))
+    peaks = device_peaks(m)
     for c in T.public_cells(m):  # case order
         if not is_measured(c):
             continue
         for p in PANELS:
             if (c.case.op, c.case.dtype, c.case.features) == (p.op, p.dtype, p.features):
-                per[c.case.arch][p].append(_point(c))
+                per[c.case.arch][p].append(_point(c, peaks))
     out = {}
     for arch in sorted(per, key=arch_sort_key):
         panels = tuple((p, tuple(sorted(per[arch].get(p, []), key=_point_key))) for p in PANELS)
@@ -148,7 +167,8 @@ def plot_index(m: ResolvedMatrix) -> dict[str, ArchPlots]:
         backends = tuple(sorted({pt.backend for pt in points}, key=lambda b: T.backend_order_key(m, b, arch)))
         has_peak = any(pt.peak_fraction is not None for pt in points)
         out[arch] = ArchPlots(arch, backends, tuple(sorted({pt.device for pt in points if pt.device})), panels,
-                              f"{PLOT_DIR}/{arch}-tflops.svg", f"{PLOT_DIR}/{arch}-peak.svg" if has_peak else None)
+                              f"{PLOT_DIR}/{arch}-tflops.svg", f"{PLOT_DIR}/{arch}-peak.svg" if has_peak else None,
+                              tuple((d, peaks[d]) for d in sorted({pt.device for pt in points} & peaks.keys())))
     return out
 
 

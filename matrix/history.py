@@ -39,7 +39,8 @@ def load_snapshot(path: Path, backends: dict[str, dict]) -> tuple[str, ResolvedM
             case = Case.from_dict(d["case"])
             timing = (Timing("snapshot", d["latency_ms"]),) if d.get("latency_ms") else ()
             winner = None if d["tier"] is None else Record(case, d["outcome"], d["tier"], timings=timing)
-            cells[case.cell] = ResolvedCell(case, d["status"], d["outcome"], d["tier"], None, winner)
+            cells[case.cell] = ResolvedCell(case, d["status"], d["outcome"], d["tier"], None, winner,
+                                            timed_by=winner if timing else None)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError([Problem(str(path), line_no, "(snapshot)", f"not a matrix snapshot: {e}")]) from e
     return matrix_id, ResolvedMatrix(cells, [], backends)

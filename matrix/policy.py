@@ -12,6 +12,8 @@
    is not safe to pick), and the disagreement is kept as a conflict.
 4. `unavailable` (the package did not import) says nothing about the kernel and never wins over
    informative evidence; a cell with only such evidence is `unknown`.
+5. A supported cell's latency is its winner's timings, or where the winner timed no shape, those of
+   the newest timed record with the same outcome, tier and kernel version (`timed_by`).
 
 Every piece of evidence is kept with the resolved cell (`evidence`, `conflicts`), so `explain`
 and the docs can show what was overruled and why. Querying a resolved matrix (composing a feature
@@ -110,19 +112,28 @@ class ResolvedCell:
     # Agreeing evidence of a stronger tier for an older kernel version (superseded by version, not
     # contradicted): shown beside the winner's sources, e.g. a shipped binary under a newer declared fact.
     corroborated_by: list[Record] = field(default_factory=list)
+    # The record whose timings speak for a supported cell: the winner, or where the winner could time no
+    # shape (a re-check that ran out of memory beside other jobs, or timed nothing), the newest timed
+    # record of the same outcome, tier and kernel version. An untimed re-check erases no measurement.
+    timed_by: Record | None = None
 
     @property
     def latency_ms(self) -> float | None:
-        return self.winner.latency_ms if self.winner and self.status == SUPPORTED else None
+        return self.timed_by.latency_ms if self.timed_by and self.status == SUPPORTED else None
 
     @property
     def tflops(self) -> float | None:
-        return self.winner.tflops if self.winner and self.status == SUPPORTED else None
+        return self.timed_by.tflops if self.timed_by and self.status == SUPPORTED else None
 
     @property
     def host_ms(self) -> float | None:
         """The host's time per call beside `latency_ms` (GPU time): None for records timed before it was kept."""
-        return self.winner.host_ms if self.winner and self.status == SUPPORTED else None
+        return self.timed_by.host_ms if self.timed_by and self.status == SUPPORTED else None
+
+    @property
+    def timings(self) -> tuple:
+        """The timed shapes behind `latency_ms` (empty for an unsupported or unmeasured cell)."""
+        return self.timed_by.timings if self.timed_by and self.status == SUPPORTED else ()
 
     @property
     def kernel_version(self) -> str | None:
@@ -147,7 +158,7 @@ class ResolvedCell:
             "outcome": self.outcome, "tier": self.tier, "reason": self.reason,
             "error": w.error if w else None, "latency_ms": self.latency_ms, "host_ms": self.host_ms,
             "tflops": self.tflops,
-            "timings": [t.to_dict() for t in w.timings] if w and self.status == SUPPORTED else [],
+            "timings": [t.to_dict() for t in self.timings],
             "kernel_version": self.kernel_version, "sources": self.sources, "conflicts": self.conflicts,
             "evidence": [describe(r) for r in self.evidence],
         }
@@ -187,8 +198,9 @@ def resolve_cell(records: Sequence[Record]) -> ResolvedCell:
     stronger = sorted((r for r in informative if r not in current and is_positive(r) == is_positive(w)
                        and rank(r) < rank(w)), key=_sort_key)
     # evidence in policy order, not in the order files were read: a file's name must not change an answer
+    timed = next((r for r in current if r.timings and (r.outcome, r.tier) == (w.outcome, w.tier)), None)
     return ResolvedCell(case, status, w.outcome, w.tier, w.reason, w, sorted(records, key=_sort_key),
-                        sorted(set(conflicts)), stronger[:1])
+                        sorted(set(conflicts)), stronger[:1], timed if status == SUPPORTED else None)
 
 
 @dataclass

@@ -41,6 +41,7 @@ def test_snapshot_round_trips_what_diff_compares(tmp_path: Path) -> None:
     assert mid == "abc"
     assert diff_matrices(back, m) == []
     assert dump_snapshot(back, "abc") == dump_snapshot(m, "abc")
+    assert sorted(c.latency_ms for c in back.cells.values() if c.latency_ms) == [1.0, 2.0]
 
 
 def test_snapshot_diff_sees_changes(tmp_path: Path) -> None:

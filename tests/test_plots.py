@@ -274,3 +274,20 @@ def test_peak_exceeded_flags_an_underestimated_peak() -> None:
         return ArchPlots("sm_90", ("fa4",), ("H200",), ((panel, (pt,)),), "site/plots/x.svg", "site/plots/y.svg")
 
     assert plots(1.1).peak_exceeded and not plots(0.99).peak_exceeded
+
+
+def test_fractions_divide_by_the_highest_peak_recorded_on_the_device_model() -> None:
+    """One sweep on an H200 measured a 690 TFLOP/s peak, a later one 905: the device's ceiling is 905 for
+    both sweeps' cells (a run whose clocks or operands held its peak lower must not make its cells look
+    nearer the ceiling); another device keeps its own."""
+    recs = [rec("sm_90", "fa4", hd=128, tflops=600.0, prov={"matmul_peak_tflops": "690.0"}),
+            rec("sm_90", "fa2", hd=128, tflops=300.0, prov={"matmul_peak_tflops": "905.0"}),
+            rec("sm_90", "sdpa_cudnn", hd=128, tflops=400.0,
+                prov={"device": "NVIDIA H100 80GB HBM3", "matmul_peak_tflops": "650.0"})]
+    m = make_matrix(recs)
+    assert P.device_peaks(m) == {"NVIDIA H200": 905.0, "NVIDIA H100 80GB HBM3": 650.0}
+    sm90 = P.plot_index(m)["sm_90"]
+    frac = {pt.backend: pt.peak_fraction for _, pts in sm90.panels for pt in pts}
+    assert frac == pytest.approx({"fa4": 600 / 905, "fa2": 300 / 905, "sdpa_cudnn": 400 / 650})
+    assert sm90.peaks == (("NVIDIA H100 80GB HBM3", 650.0), ("NVIDIA H200", 905.0))
+    assert not sm90.peak_exceeded

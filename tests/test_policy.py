@@ -416,3 +416,19 @@ def test_every_malformed_backend_is_reported(tmp_path) -> None:
 def test_well_formed_default_ranks_load(tmp_path) -> None:
     entries = {"a": {"default_rank": 3}, "b": {"default_rank": {"*": 1, "sm_8x": 2, "sm_10x": 0}}, "c": {}}
     assert load_backends(_write_backends(tmp_path, entries)) == entries
+
+
+
+def test_an_untimed_recheck_keeps_the_cells_latency_from_the_newest_timed_record(make_rec):
+    """A newer pass that could time no shape (out of memory beside other jobs) still decides the cell, but
+    its latency comes from the newest timed pass of the same kernel version; not from another version."""
+    old = make_rec(date="2026-11-01", latency_ms=9.0, run_id="a")
+    timed = make_rec(date="2026-11-20", latency_ms=[2.0, 3.0], run_id="b")
+    untimed = make_rec(date="2026-12-01", run_id="c")
+    cell = resolve_cell([old, timed, untimed])
+    assert cell.winner is untimed and cell.timed_by is timed
+    assert cell.latency_ms == timed.latency_ms and [t.latency_ms for t in cell.timings] == [2.0, 3.0]
+    newer_version = make_rec(date="2026-12-02", kernel_version="2.9.0")
+    assert resolve_cell([timed, newer_version]).latency_ms is None  # another version's timing does not speak
+    refused = make_rec(date="2026-12-03", outcome="rejected", reason="no")
+    assert resolve_cell([timed, refused]).timings == ()  # an unsupported cell has no latency
