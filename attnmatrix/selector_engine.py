@@ -18,8 +18,9 @@ The data (every key required):
   covers has no evidence.
 - `measured`: arch -> (op, dtype, head_dim, head_dim_v) -> feature set -> ((backend, latency_ms), ...) fastest
   first, or (backend, latency_ms, shapes completed, shapes the most complete backend completed) for a
-  backend that completed fewer timing shapes. Each latency is the median over the timing shapes every
-  measured backend of that class completed (like for like).
+  backend that completed fewer timing shapes. Like for like (`measured_latencies`): the median over the
+  shapes the most complete backends all completed; a backend with fewer, its ratio to them on the shapes
+  it completed, scaled to theirs.
 - `declared_rankings`: (id, archs, op, dtype or None, ((head_dim, head_dim_v), ...), order, sources).
 - `default_rank`: arch -> backend -> rank (lower first); `default_rank_missing` for the others.
 - `fa_version`: backend -> FlashAttention version; `mla_name`: backend -> vLLM MLA prefill name;
@@ -64,19 +65,38 @@ def features_of(causal=True, sliding_window=False, softcap=False, alibi=False, s
     return tuple(sorted(toks))
 
 
+def _median(vals) -> float:
+    vals = sorted(vals)
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
 def measured_latencies(timings: dict) -> dict:
     """Like-for-like latencies for one query class: backend -> {timing shape: ms} in, backend ->
-    (median over the shapes every backend completed, shapes it completed, most shapes any completed) out.
-    Where the backends share no shape, each is its own median (and is marked by its count)."""
+    (latency, shapes it completed, most shapes any completed) out.
+
+    The backends that completed the most shapes are compared on the shapes they all completed (each its
+    median there). A backend that completed fewer is compared with them only on the shapes it completed:
+    its latency is its median ratio to theirs on those shapes, times their median over all of theirs, so a
+    backend that ran out of memory on the large shapes neither wins on its small ones nor changes how the
+    others rank. Where nothing is shared, each is its own median (and is marked by its count)."""
     if not timings:
         return {}
-    common = set.intersection(*(set(t) for t in timings.values()))
     most = max(len(t) for t in timings.values())
+    full = [t for t in timings.values() if len(t) == most]
+    common = set.intersection(*(set(t) for t in full))
+    ref = {s: _median(t[s] for t in full) for s in common}
+    ref_all = _median(ref.values()) if ref else None
     out = {}
     for b, t in timings.items():
-        vals = sorted(t[s] for s in (common or t))
-        mid = len(vals) // 2
-        out[b] = (vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2, len(t), most)
+        shared = [s for s in t if s in ref]
+        if len(t) == most and common:
+            ms = _median(t[s] for s in common)
+        elif shared and ref_all:
+            ms = _median(t[s] / ref[s] for s in shared) * ref_all
+        else:
+            ms = _median(t.values())
+        out[b] = (ms, len(t), most)
     return out
 
 
@@ -336,8 +356,8 @@ class Engine:
         if a.latency_ms is not None:
             mark = ""
             if a.marked:
-                mark = (f", completed {a.shapes[0]} of {a.shapes[1]} timing shapes: ranked on the shapes every "
-                        "measured backend completed")
+                mark = (f", completed {a.shapes[0]} of {a.shapes[1]} timing shapes: placed by its latency relative to "
+                        "the backends that completed more, on the shapes it completed (the figure is scaled to theirs)")
             return f"latency {a.latency_ms:.6g} ms, by measured latency{mark}"
         if ranking is not None and a.backend in ranking[5]:
             return f"unmeasured, by declared ranking {ranking[0]} ({'; '.join(ranking[6])})"

@@ -21,15 +21,25 @@ def data(cells, measured=None, backends=("fa2", "fa3", "fa4", "trtllm_ragged"), 
     }
 
 
-def test_like_for_like_latencies_use_the_shapes_every_backend_completed():
+def test_like_for_like_latencies_compare_a_partial_backend_on_the_shapes_it_completed():
     got = measured_latencies({"fa2": {"a": 1.0, "b": 2.0, "c": 9.0}, "xqa": {"b": 1.5}})
-    # fa2's own median (2.0) would lose to xqa's 1.5; on the one shared shape fa2 is 2.0 too: xqa stays ahead,
-    # and is marked as having completed 1 of 3 shapes
+    # xqa's 1.5 on shape b against fa2's 2.0 there: 0.75 of fa2, scaled to fa2's median (2.0); marked 1 of 3
     assert got == {"fa2": (2.0, 3, 3), "xqa": (1.5, 1, 3)}
     got = measured_latencies({"fa2": {"a": 0.1, "b": 0.2, "c": 9.0}, "xqa": {"c": 0.15}})
-    assert got["fa2"][0] == 9.0 and got["xqa"][0] == 0.15  # on shape c, xqa is faster
+    assert got["fa2"][0] == 0.2 and got["xqa"][0] == pytest.approx(0.15 / 9.0 * 0.2)  # on shape c, xqa is faster
     got = measured_latencies({"fa2": {"a": 1.0}, "xqa": {"b": 3.0}})  # nothing shared: each its own median
     assert got == {"fa2": (1.0, 1, 1), "xqa": (3.0, 1, 1)}
+
+
+def test_a_partial_backend_does_not_reorder_the_complete_ones():
+    """sdpa_math ran out of memory on two of three shapes: fa4 and fa3 are still compared on all three (fa4
+    first), not on the one shape math completed (where fa3 is faster), and math is placed from its ratio."""
+    got = measured_latencies({"fa4": {"a": 0.1, "b": 0.2, "c": 0.6}, "fa3": {"a": 0.3, "b": 0.4, "c": 0.5},
+                              "sdpa_math": {"c": 26.0}})
+    assert got["fa4"] == (0.2, 3, 3) and got["fa3"] == (0.4, 3, 3)
+    assert got["sdpa_math"] == (pytest.approx(26.0 / 0.55 * 0.3), 1, 3)  # ref on c: 0.55; ref median: 0.3
+    a_fast_partial = measured_latencies({"fa2": {"a": 1.0, "b": 2.0, "c": 4.0}, "trtllm": {"a": 0.5}})
+    assert a_fast_partial["trtllm"][0] == 1.0 < a_fast_partial["fa2"][0]  # half of fa2 where both ran
 
 
 def test_order_by_measured_then_declared_then_default_and_the_mark():
