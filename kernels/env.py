@@ -70,13 +70,13 @@ def device_provenance(device: str = "cuda") -> dict:
         drv = _driver_version()
         if drv:
             prov["driver"] = drv
-        # Measured once per sweep by the parent (kernels.timing.matmul_peak_tflops) and handed down,
+        # Measured once per sweep by the parent (kernels.timing.peak_env) and handed down,
         # so every TFLOP/s figure can be read as a fraction of this GPU's measured bf16 matmul rate.
         peak = os.environ.get("ATTNMATRIX_MATMUL_PEAK_TFLOPS")
         if peak:
             prov["matmul_peak_tflops"] = peak
             how = os.environ.get("ATTNMATRIX_MATMUL_PEAK_METHOD")
-            if how:  # which size reached it, and what the others reached
+            if how:  # which size, operands and timer reached it; what the other sizes and random data reached
                 prov["matmul_peak_method"] = how
     else:
         prov.update({"device": _cpu_name(), "cpu_threads": str(torch.get_num_threads())})

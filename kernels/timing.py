@@ -246,9 +246,10 @@ PEAK_SIZES = (4096, 6144, 8192, 12288, 16384)
 # The data the peak's products run on. A matmul's rate depends on its operands' values: random data
 # toggles more transistors per operation, the GPU reaches its power limit and lowers its clocks, while
 # low-entropy operands let it keep them (Horace He, "Strangely, Matrix Multiplications on GPUs Run Faster
-# When Given 'Predictable' Data", thonking.ai, 2024). Attention kernels on random Q/K/V outrun a cuBLAS
-# product on random data on an H200 (softmax probabilities are low-entropy operands to the second
-# product), so the ceiling is the best over both kinds; the random-data rate is recorded beside it.
+# When Given 'Predictable' Data", thonking.ai, 2024). On an H200, FA4 on random Q/K/V reaches 790 TFLOP/s
+# while a cuBLAS product on random data holds 685 at its 700 W limit (1,500 MHz) and 805-875 on zeros
+# (1,740-1,965 MHz; benchmarks/results/sm_90-matmul-peak-h200-20261201.txt): the ceiling is the best
+# over both kinds, and the random-data rate is recorded beside it.
 PEAK_DATA = ("normal", "zeros")
 PEAK_OPERANDS: dict[str, Callable[..., torch.Tensor]] = {
     "normal": lambda n, **kw: torch.randn(n, n, **kw),
@@ -338,12 +339,6 @@ def matmul_peak(device: str = "cuda", sizes: tuple[int, ...] = PEAK_SIZES, dtype
     kind, n_best = max(((k, n) for k, per in by_data.items() for n in per), key=lambda kn: by_data[kn[0]][kn[1]])
     detail = {n: max(per[n] for per in by_data.values() if n in per) for per in by_data.values() for n in per}
     return Peak(by_data[kind][n_best], n_best, detail, timer[kind, n_best], kind, by_data)
-
-
-def matmul_peak_tflops(device: str, n: int | None = None, dtype: torch.dtype = torch.bfloat16) -> float:
-    """The measured bf16 matmul ceiling of this device (see `matmul_peak`); `n` pins one size."""
-    sizes = (n,) if n else PEAK_SIZES
-    return matmul_peak(device, sizes=sizes, dtype=dtype).tflops
 
 
 PEAK_ENV = "ATTNMATRIX_MATMUL_PEAK_TFLOPS"
