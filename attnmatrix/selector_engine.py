@@ -38,6 +38,8 @@ slowest component), then by the first declared ranking that applies, then by def
 
 from __future__ import annotations
 
+from statistics import median
+
 SUPPORTED, UNSUPPORTED, UNKNOWN = "supported", "unsupported", "unknown"
 FLAG_FEATURES = ("causal", "sliding_window", "softcap", "alibi", "sinks", "gqa", "varlen", "fp8")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
@@ -65,12 +67,6 @@ def features_of(causal=True, sliding_window=False, softcap=False, alibi=False, s
     return tuple(sorted(toks))
 
 
-def _median(vals) -> float:
-    vals = sorted(vals)
-    mid = len(vals) // 2
-    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
-
-
 def measured_latencies(timings: dict) -> dict:
     """Like-for-like latencies for one query class: backend -> {timing shape: ms} in, backend ->
     (latency, shapes it completed, most shapes any completed) out.
@@ -85,17 +81,17 @@ def measured_latencies(timings: dict) -> dict:
     most = max(len(t) for t in timings.values())
     full = [t for t in timings.values() if len(t) == most]
     common = set.intersection(*(set(t) for t in full))
-    ref = {s: _median(t[s] for t in full) for s in common}
-    ref_all = _median(ref.values()) if ref else None
+    ref = {s: median(t[s] for t in full) for s in common}
+    ref_all = median(ref.values()) if ref else None
     out = {}
     for b, t in timings.items():
         shared = [s for s in t if s in ref]
         if len(t) == most and common:
-            ms = _median(t[s] for s in common)
+            ms = median(t[s] for s in common)
         elif shared and ref_all:
-            ms = _median(t[s] / ref[s] for s in shared) * ref_all
+            ms = median(t[s] / ref[s] for s in shared) * ref_all
         else:
-            ms = _median(t.values())
+            ms = median(t.values())
         out[b] = (ms, len(t), most)
     return out
 

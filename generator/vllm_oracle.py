@@ -182,18 +182,23 @@ class Unrunnable:
         return f"<unrunnable {self._qualname}>"
 
 
-def _inert_module(name: str, doc: str) -> types.ModuleType:
-    """A module whose every public attribute is Unrunnable: for kernel and runtime modules vLLM imports names
-    from at module level but whose names the selection code never calls."""
-    mod = types.ModuleType(name, doc)
+def _on_missing_attribute(mod: types.ModuleType, missing: Callable[[str], Any]) -> types.ModuleType:
+    """`mod` with a module `__getattr__`: a name it lacks is `missing(name)` (dunders stay AttributeErrors,
+    so import machinery and introspection behave)."""
 
     def __getattr__(attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)
-        return Unrunnable(f"{name}.{attr}")
+        return missing(attr)
 
     mod.__getattr__ = __getattr__  # type: ignore[method-assign]
     return mod
+
+
+def _inert_module(name: str, doc: str) -> types.ModuleType:
+    """A module whose every public attribute is Unrunnable: for kernel and runtime modules vLLM imports names
+    from at module level but whose names the selection code never calls."""
+    return _on_missing_attribute(types.ModuleType(name, doc), lambda attr: Unrunnable(f"{name}.{attr}"))
 
 
 class RecordingLogger:
@@ -243,13 +248,10 @@ def _envs_mod(ns: Namespace) -> types.ModuleType:
     for k, v in ENV_DEFAULTS.items():
         setattr(mod, k, v)
 
-    def __getattr__(attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
+    def unknown(attr: str) -> Any:
         raise OracleError(f"vllm.envs.{attr} was read: add vLLM's default for it to ENV_DEFAULTS")
 
-    mod.__getattr__ = __getattr__  # type: ignore[method-assign]
-    return mod
+    return _on_missing_attribute(mod, unknown)
 
 
 def _platforms_mod(ns: Namespace) -> types.ModuleType:

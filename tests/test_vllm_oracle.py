@@ -317,19 +317,22 @@ def test_kernel_library_counts_as_installed_only_if_the_release_requires_it(tmp_
         assert not rel.requires_on_linux("tokenspeed-mla")  # a Darwin-only requirement
 
 
+def fa_utils_with(old: str, new: str) -> dict:
+    """The synthetic release's files with one edit to fa_utils.py."""
+    path = "vllm/v1/attention/backends/fa_utils.py"
+    return {**SYNTH, path: SYNTH[path].replace(old, new)}
+
+
 def test_an_import_with_no_stand_in_fails_loudly(tmp_path):
-    files = dict(SYNTH)
-    files["vllm/v1/attention/backends/fa_utils.py"] = SYNTH["vllm/v1/attention/backends/fa_utils.py"].replace(
-        "import vllm.envs as envs", "import vllm.envs as envs\n        from vllm.engine import something  # noqa")
+    files = fa_utils_with("import vllm.envs as envs",
+                          "import vllm.envs as envs\n        from vllm.engine import something  # noqa")
     with O.open_release(write_tree(tmp_path, files=files)) as rel:
         with pytest.raises(O.OracleError, match="vllm.engine"):
             synth_oracle(rel)
 
 
 def test_an_env_var_without_a_default_fails_loudly(tmp_path):
-    files = dict(SYNTH)
-    files["vllm/v1/attention/backends/fa_utils.py"] = SYNTH["vllm/v1/attention/backends/fa_utils.py"].replace(
-        "if envs.VLLM_BATCH_INVARIANT:", "if envs.VLLM_SOMETHING_NEW:")
+    files = fa_utils_with("if envs.VLLM_BATCH_INVARIANT:", "if envs.VLLM_SOMETHING_NEW:")
     with O.open_release(write_tree(tmp_path, files=files)) as rel:
         with pytest.raises(O.OracleError, match="VLLM_SOMETHING_NEW"):
             synth_oracle(rel).flash_attn_version(O.FaQuery((9, 0), 128, 128))
