@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from .audit import audit
 from .cases import Case
 from .evidence import Evidence
 from .merge import merge_records
@@ -49,4 +50,5 @@ def validate_evidence(ev: Evidence) -> list[Problem]:
             if b not in known:
                 problems.append(Problem(r.where or "declared", None, f"rankings[{r.id}].order",
                                         f"unknown backend {b!r}"))
+    problems += audit(ev)
     return problems
