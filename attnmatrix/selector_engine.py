@@ -472,7 +472,11 @@ class Engine:
         return version
 
     def get_mla_prefill_backend_priorities(self, capability, qk_nope_head_dim, qk_rope_head_dim, v_head_dim):
-        """vLLM MLA prefill backend names, best first, for this (qk_nope, qk_rope, v) triple; [] if none."""
+        """vLLM MLA prefill backend names, best first, for this (qk_nope, qk_rope, v) triple; [] if none.
+
+        MLA dims are a model's, and vLLM asks with whatever the model config holds (all zeros when it has none):
+        integer dims no backend can run (zero, negative, beyond the matrix's head sizes) get the answer "none",
+        as vLLM's own selector gives; only a value that is not an integer is bad input (ValueError)."""
         key = (capability, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
         try:
             return list(self._mla_cache[key])
@@ -480,10 +484,12 @@ class Engine:
             pass
         except TypeError:
             key = None
-        names = self.mla_prefill_priorities_for(
-            arch_of(capability), _int("qk_nope_head_dim", qk_nope_head_dim, 0, self.max_head_size),
-            _int("qk_rope_head_dim", qk_rope_head_dim, 0, self.max_head_size),
-            _int("v_head_dim", v_head_dim, 1, self.max_head_size))
+        arch = arch_of(capability)
+        nope, rope, v = (_int(name, x, float("-inf")) for name, x in (
+            ("qk_nope_head_dim", qk_nope_head_dim), ("qk_rope_head_dim", qk_rope_head_dim), ("v_head_dim", v_head_dim)))
+        top = self.max_head_size if self.max_head_size is not None else float("inf")
+        names = (self.mla_prefill_priorities_for(arch, nope, rope, v)
+                 if nope >= 0 and rope >= 0 and 1 <= nope + rope <= top and 1 <= v <= top and rope <= top else [])
         if key is not None:
             if len(self._mla_cache) >= CACHE_MAX:
                 self._mla_cache.clear()

@@ -321,6 +321,10 @@ def test_head_and_page_sizes_are_bounded_as_the_matrix_bounds_them(sel):
             sel.select_backends(H100, bad)
     with pytest.raises(ValueError, match="page_size"):
         sel.select_backends(H100, 128, page_size=MAX_PAGE_SIZE + 1)
-    with pytest.raises(ValueError, match="v_head_dim"):
-        sel.get_mla_prefill_backend_priorities(H100, 128, 64, MAX_HEAD_DIM + 1)
+    # MLA dims are a model's: out of range is a question whose answer is none (vLLM's own answer), not bad input
+    for dims in ((0, 0, 0), (128, 64, MAX_HEAD_DIM + 1), (MAX_HEAD_DIM, 64, 128), (-1, 64, 128), (128, 64, 0)):
+        assert sel.get_mla_prefill_backend_priorities((10, 0), *dims) == [], dims
+    for bad in ((128, 64, "128"), (128, 64.5, 128), (True, 64, 128)):
+        with pytest.raises(ValueError):
+            sel.get_mla_prefill_backend_priorities((10, 0), *bad)
     assert sel.select_backends(H100, MAX_HEAD_DIM) == []  # in bounds, no evidence: nothing, not an error
