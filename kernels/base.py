@@ -34,6 +34,9 @@ class Backend:
     # The CuTe DSL package of an FA4 copy (`flash_attn.cute`, `vllm.vllm_flash_attn.cute`): where
     # cross-compilation answers the kernels' compile-time SM-count query (see xcompile.py).
     cute_package: str | None = None
+    # The engine whose call this backend makes (`vllm`), for the records' `extra.profile`; None: the library's
+    # own API as its documentation shows it.
+    profile: str | None = None
 
     @classmethod
     def declare(cls, name: str, prepare: Callable[[Problem], Callable[[], torch.Tensor]],

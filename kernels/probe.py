@@ -108,6 +108,8 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
     prov = kernel_provenance(backend, base)
 
     def rec(outcome: str, **kw) -> Record:
+        if backend.profile:  # the engine whose call this was (kernels/base.py)
+            kw["extra"] = {**(kw.get("extra") or {}), "profile": backend.profile}
         return Record(case=case, outcome=outcome, tier="validated", provenance=prov,
                       entry=kw.pop("entry", None), run_id=config.run_id, **kw)
 

@@ -166,10 +166,11 @@ class Problem:
         table = perm.view(b, nblk).to(torch.int32)
 
         def scatter(x: torch.Tensor) -> torch.Tensor:
-            blocks = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)).reshape(b * nblk, ps, hkv, x.shape[-1])
+            raw = x.view(torch.uint8) if x.element_size() == 1 else x  # fp8: padding and indexing as bytes
+            blocks = torch.nn.functional.pad(raw, (0, 0, 0, 0, 0, pad)).reshape(b * nblk, ps, hkv, x.shape[-1])
             cache = torch.zeros_like(blocks)
             cache[perm.to(x.device)] = blocks  # block i of the flat order lands in slot perm[i]
-            return cache
+            return cache.view(x.dtype)
 
         k_cache, v_cache = scatter(self.k), scatter(self.v)
         table = table.to(self.k.device)
@@ -189,7 +190,12 @@ def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu"
     g = torch.Generator(device=gen_device).manual_seed(seed)
     dtype = DTYPES[case.dtype]
     hq = shape.heads_q
-    hkv = max(1, hq // GQA_RATIO) if case.has("gqa") else shape.heads_kv
+    # A shape with its own KV head count (a model's layer, kernels/workloads.py) keeps it; the case space's
+    # shapes have as many KV heads as query heads, and a `gqa` case groups GQA_RATIO query heads per KV head.
+    if shape.heads_kv != shape.heads_q:
+        hkv = shape.heads_kv
+    else:
+        hkv = max(1, hq // GQA_RATIO) if case.has("gqa") else shape.heads_kv
 
     def rnd(*s: int, std: float = 1.0) -> torch.Tensor:
         if gen_device.type != "cpu":  # straight in the kernel's dtype: no float32 copy of a large cache

@@ -20,6 +20,23 @@ vllm/vllm_flash_attn/flash_attn_interface.py, the `fa_version == 4` branch), wit
   softcap and block sizes that are not multiples of 128; the case's own page size is passed
   unchanged, so what the kernel refuses is recorded in its own words.
 
+vLLM's call profile (what its FLASH_ATTN decoder backend passes, vllm-project/vllm v0.33.0):
+
+- the KV cache is always paged: the forward's varlen call passes `block_table` and `seqused_k` for
+  prefill and decode alike (vllm/v1/attention/backends/flash_attn.py:1404-1430). On the dedicated hd256
+  path a case without paged KV is therefore run as vLLM runs it, on 128-token kernel pages with
+  `seqused_k`; a paged case whose block size is a multiple of 128 is split into 128-token kernel pages
+  (fa_utils.py:255, "Larger blocks are split into 128-token kernel pages"); any other block size is one
+  vLLM never gives this kernel: it falls back to FA2 (fa_utils.py:236-256), so the case is `Unsupported`
+  in that profile, quoting vLLM;
+- fp8 KV cache on SM90: Q stays bf16/fp16 and only K/V are fp8 e4m3, paged in 64-token pages, with
+  (batch, kv heads) K/V descales and `fp8_kv_dequant=True` (flash_attn_interface.py:456-495;
+  flash_attn.py:324 for the 64-token page, :1158-1166 for the unquantized query). vLLM routes fp8 KV to
+  FA4 on SM90 only at head dim 512 (fa_utils.py:307-309), FA3 elsewhere; the kernel is probed at every
+  head dim all the same, and the record says what it did. On SM100 fp8 Q/K/V with all three descales.
+
+Records of this backend carry `extra.profile` = `PROFILE`.
+
 ALiBi: vLLM asserts `alibi_slopes is None` for FA4 ("Alibi is not supported in FA4"); FA4 has no ALiBi
 parameter, so the case is `Unsupported` (attnmatrix speaking, quoting that assertion).
 
@@ -65,6 +82,9 @@ DEFAULT_DIR = Path.home() / ".cache" / "attnmatrix" / "vllm-fa4"
 CUTE_SUBDIR = "vllm/vllm_flash_attn/cute"
 # vLLM's one page size for the dedicated head-dim-256 kernel (FA4_HD256_PAGE_SIZE in fa_utils.py).
 HD256_PAGE_SIZE = 128
+# vLLM's KV block for FA4's SM90 fp8-KV dequant path (flash_attn.py:324: a 64-token TMA tile/page).
+SM90_FP8_KV_PAGE_SIZE = 64
+PROFILE = "vllm"
 
 
 def entry(case: Case) -> str:
@@ -142,23 +162,53 @@ def import_cute():
     return importlib.import_module(f"{PACKAGE}.interface")
 
 
-def _is_hd256_path(p: Problem) -> bool:
-    # vLLM's uses_fa4_hd256_kernel, on the archs where interface.py routes it (arch // 10 in [10, 11]).
+def _arch_major() -> int:
     from .xcompile import ARCH_ENVS
 
     arch = os.environ.get(ARCH_ENVS[0], "")
     m = re.fullmatch(r"(?:sm_?)?(\d+)\d[af]?", arch.lower())
-    major = int(m.group(1)) if m else (torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0)
-    return major in (10, 11) and p.case.head_dim == 256 and p.case.head_dim_v == 256
+    return int(m.group(1)) if m else (torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0)
+
+
+def _is_hd256_path(p: Problem) -> bool:
+    # vLLM's uses_fa4_hd256_kernel, on the archs where interface.py routes it (arch // 10 in [10, 11]).
+    return _arch_major() in (10, 11) and p.case.head_dim == 256 and p.case.head_dim_v == 256
+
+
+def _split_pages(k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, page: int):
+    """A cache of `k.shape[1]`-token blocks seen as `page`-token kernel pages: block b is pages
+    b * n .. b * n + n - 1, in order (n = block // page)."""
+    n = k.shape[1] // page
+    kk = k.reshape(k.shape[0] * n, page, *k.shape[2:])
+    vv = v.reshape(v.shape[0] * n, page, *v.shape[2:])
+    t = (table.unsqueeze(-1) * n + torch.arange(n, dtype=table.dtype, device=table.device)).reshape(table.shape[0], -1)
+    return kk, vv, t
+
+
+def vllm_paging(p: Problem) -> tuple[int | None, int | None]:
+    """(the case's KV block size, the kernel page size vLLM gives FA4) in vLLM's profile; (None, None) for an
+    unpaged call (vLLM's attention without a KV cache)."""
+    c = p.case
+    block = c.page_size if c.has("paged_kv") else None
+    if c.has("fp8") and _arch_major() == 9:
+        return block or SM90_FP8_KV_PAGE_SIZE, SM90_FP8_KV_PAGE_SIZE if block is None else block
+    if _is_hd256_path(p):
+        if block is not None and block % HD256_PAGE_SIZE:
+            raise Unsupported(f"vLLM does not run FA4's head-dim-256 kernel on a KV cache with block size {block}: "
+                              "it falls back to FA2 (vllm-project/vllm v0.33.0 vllm/v1/attention/backends/fa_utils.py"
+                              ":254-256, 'a KV cache block size of ...')")
+        return block or HD256_PAGE_SIZE, HD256_PAGE_SIZE
+    return block, block
 
 
 def build_vllm_call(p: Problem) -> FA4Call:
     """The `_flash_attn_fwd` call vLLM makes for this problem.
 
     Paged KV is vLLM's KV cache: packed queries with `cu_seqlens_q`/`max_seqlen_q`, the cache with
-    `page_table`, `seqused_k` and `max_seqlen_k`, as `FlashAttentionImpl.forward` passes them. Without
-    paged KV (vLLM's path for attention that keeps no cache), packed q/k/v with `cu_seqlens_q/k` when
-    the case is varlen, batched tensors otherwise (decode included).
+    `page_table`, `seqused_k` and `max_seqlen_k`, as `FlashAttentionImpl.forward` passes them, in the
+    kernel pages vLLM gives this kernel (`vllm_paging`: the hd256 kernel and the SM90 fp8-KV path are
+    always paged). Otherwise (vLLM's path for attention that keeps no cache), packed q/k/v with
+    `cu_seqlens_q/k` when the case is varlen, batched tensors otherwise (decode included).
     """
     c = p.case
     if c.has("alibi") or p.alibi_slopes is not None:
@@ -172,15 +222,31 @@ def build_vllm_call(p: Problem) -> FA4Call:
         "num_splits": 0,  # vLLM's max_num_splits outside CUDA graphs: 0, FA4's own heuristic
     }
     post: Callable[[torch.Tensor], torch.Tensor] = lambda out: out  # noqa: E731
-    if c.has("paged_kv"):
+    block, page = vllm_paging(p)
+    dequant = c.has("fp8") and _arch_major() == 9
+    if dequant and p.descale is not None and p.q.dtype != p.out_dtype:
+        # vLLM's SM90 fp8 KV cache: the query is not quantized. Its values are the fp8 ones times the
+        # descale (exact in bf16/fp16: a power of two times an e4m3 value), so the reference is unchanged.
+        p.q = p.q.to(p.out_dtype) * p.descale[0]
+        p.descale = (1.0, p.descale[1], p.descale[2])
+    if block is not None:
         q, _, _, cu_q, _ = p.packed()
-        k, v, table = p.paged_kv()
+        saved = p.page_size
+        p.page_size = block
+        try:
+            k, v, table = p.paged_kv()
+        finally:
+            p.page_size = saved
+        if page != block:
+            k, v, table = _split_pages(k, v, table, page)
         kw.update(cu_seqlens_q=cu_q, max_seqlen_q=max(p.valid_q(i) for i in range(b)), page_table=table,
                   seqused_k=p.seqlens_k_tensor(), max_seqlen_k=max(p.valid_k(i) for i in range(b)))
         post = p.unpacker()
         if _is_hd256_path(p):
             # vLLM's hd256 preparation: page-aligned max_seqlen_k, exact-width block table, no SplitKV.
-            kw["max_seqlen_k"] = table.shape[1] * k.shape[1]
+            pages = -(-kw["max_seqlen_k"] // page)
+            kw["page_table"] = table[:, :pages]
+            kw["max_seqlen_k"] = pages * page
             kw["num_splits"] = 1
     elif c.has("varlen"):
         q, k, v, cu_q, cu_k = p.packed()
@@ -192,10 +258,14 @@ def build_vllm_call(p: Problem) -> FA4Call:
         if _is_hd256_path(p):
             kw["num_splits"] = 1
     if p.descale is not None:
-        # vLLM passes descales for fp8 inputs only, one per (sequence, kv head), float32.
-        hkv = p.shape.heads_kv
+        # vLLM passes descales for fp8 inputs only, one per (sequence, kv head), float32; on the SM90
+        # fp8-KV path only K's and V's (flash_attn_interface.py:491).
+        hkv = k.shape[2]
+        names = ("q_descale", "k_descale", "v_descale")
         kw.update({name: torch.full((b, hkv), float(s), dtype=torch.float32, device=q.device)
-                   for name, s in zip(("q_descale", "k_descale", "v_descale"), p.descale, strict=True)})
+                   for name, s in zip(names, p.descale, strict=True) if not (dequant and name == "q_descale")})
+    if dequant:
+        kw["fp8_kv_dequant"] = True
     return FA4Call("_flash_attn_fwd", (q, k, v), kw, post)
 
 
@@ -232,4 +302,5 @@ class VllmFA4Backend(Backend):
         return kernel_version()
 
 
-VLLM_FA4 = VllmFA4Backend.declare("vllm_fa4", prepare, entry, compile_only=compile_only, cute_package=PACKAGE)
+VLLM_FA4 = VllmFA4Backend.declare("vllm_fa4", prepare, entry, compile_only=compile_only, cute_package=PACKAGE,
+                                   profile=PROFILE)

@@ -253,6 +253,8 @@ def xcompile_case(case: Case, arch: str | None = None, *, num_sms: int | None = 
     backend = load_backend(case.backend)
 
     def rec(outcome: str, **kw) -> Record:
+        if backend.profile:  # the engine whose call this was (kernels/base.py)
+            kw["extra"] = {**(kw.get("extra") or {}), "profile": backend.profile}
         return Record(case=case, outcome=outcome, tier="compiled", provenance=prov, entry=backend.entry(case),
                       run_id=run_id, **kw)
 

@@ -52,3 +52,43 @@ def validate_evidence(ev: Evidence) -> list[Problem]:
                                         f"unknown backend {b!r}"))
     problems += audit(ev)
     return problems
+
+
+# Both dtypes of one kernel run the same template on the same shapes: their GPU times at one timing shape
+# should be close. A pair further apart than this was not measured like for like (concurrent sweeps on one
+# GPU, a throttled clock), unless both were re-timed together as a pair, one after the other, one sweep on
+# the GPU (scripts/reprobe.py retime --dtype-pairs, whose run ids start with DTYPE_PAIR_RUN): then the
+# difference is a measurement.
+DTYPE_TIMING_FACTOR = 1.5
+DTYPE_PAIR_RUN = "dtype-pairs"
+
+
+def dtype_timing_disagreements(records, factor: float = DTYPE_TIMING_FACTOR) -> list[dict]:
+    """The bfloat16/float16 pairs of one cell's newest validated timed passes whose latency at some shared timing
+    shape differs by more than `factor`, unless the pair was re-timed together. One entry per pair:
+    {"cell", "bfloat16", "float16" (record keys), "shape", "ratio", "runs"}."""
+    newest: dict[str, object] = {}
+    for rec in records:
+        if rec.tier != "validated" or rec.outcome != "pass" or not rec.timings or rec.case.arch == "cpu":
+            continue  # CPU wall times: float16 is emulated there, slower by design
+        old = newest.get(rec.key)
+        if old is None or rec.provenance.get("date", "") >= old.provenance.get("date", ""):
+            newest[rec.key] = rec
+    pairs: dict[tuple, dict[str, object]] = defaultdict(dict)
+    for rec in newest.values():
+        c = rec.case
+        pairs[(c.arch, c.backend, c.op, c.head_dim, c.head_dim_v, c.features)][c.dtype] = rec
+    out = []
+    for cell, by in sorted(pairs.items(), key=lambda kv: str(kv[0])):
+        bf, fp = by.get("bfloat16"), by.get("float16")
+        if bf is None or fp is None or (bf.run_id == fp.run_id and (bf.run_id or "").startswith(DTYPE_PAIR_RUN)):
+            continue
+        a = {t.shape: t.latency_ms for t in bf.timings}
+        b = {t.shape: t.latency_ms for t in fp.timings}
+        worst = max(((max(a[s], b[s]) / min(a[s], b[s]), s) for s in a.keys() & b.keys() if min(a[s], b[s]) > 0),
+                    default=None)
+        if worst and worst[0] > factor:
+            out.append({"cell": "/".join(map(str, cell[:5])) + "/" + ("+".join(cell[5]) or "none"),
+                        "bfloat16": bf.key, "float16": fp.key, "shape": worst[1], "ratio": round(worst[0], 3),
+                        "runs": [bf.run_id, fp.run_id]})
+    return out

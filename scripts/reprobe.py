@@ -2,7 +2,7 @@
 
     python scripts/reprobe.py blind  [--arch sm_90] [--device cuda] [-o FILE]  # which passes are blind
     python scripts/reprobe.py run    --cases FILE -o OUT.jsonl [...]     # GPU: probe those cases again
-    python scripts/reprobe.py retime [--sample N | --stale] -o OUT.jsonl [...]  # GPU: re-probe, re-time
+    python scripts/reprobe.py retime [--sample N | --stale | --dtype-pairs] -o OUT.jsonl [...]  # GPU: re-time
 
 `blind` reads the committed records (matrix/data/results), takes every validated `pass` for the arch
 whose validation problem predates version 2 (kernels/problem.py RECIPE_V1), rebuilds that problem and
@@ -15,7 +15,10 @@ in isolated workers on this machine's GPUs, resumable, into OUT.jsonl; cases who
 installed here are left out and counted (`--backends` narrows further). `retime` does the same for a
 deterministic sample of the arch's timed passes (every backend and op present, both dtypes), so the
 new GPU-time figures and host times can be compared with the committed ones; `--stale` takes instead
-every pass whose latency is not yet GPU time, cell by cell; `--blind-first FILE` puts blind cases
+every pass whose latency is not yet GPU time, cell by cell; `--dtype-pairs` every bfloat16/float16 pair of
+one kernel whose timings disagree beyond matrix/validate.py DTYPE_TIMING_FACTOR, both dtypes one after the
+other (run id `dtype-pairs-...`, which tells the check the pair was re-timed together; run it as the only
+sweep on the GPU); `--blind-first FILE` puts blind cases
 first. Both stop starting new cases after `--limit-s` seconds (a call on the GPU machine has 10
 minutes) and print a JSON summary; a later call with the same OUT resumes.
 """
@@ -36,6 +39,7 @@ from attnmatrix.matrix.cases import Case
 from attnmatrix.matrix.evidence import RESULTS_DIR
 from attnmatrix.matrix.records import Record
 from attnmatrix.matrix.storage import iter_result_files, read_records
+from attnmatrix.matrix.validate import DTYPE_PAIR_RUN, dtype_timing_disagreements
 
 
 def committed_passes(arch: str, results: Path = RESULTS_DIR) -> dict[str, Record]:
@@ -157,6 +161,14 @@ def stale_cases(passes: dict[str, Record]) -> list[Case]:
     return [c for cell in order for c in sorted(cells[cell], key=lambda c: c.backend)]
 
 
+def dtype_pair_cases(arch: str) -> list[Case]:
+    """Both dtypes of every pair whose timings disagree, pair by pair (bfloat16 first)."""
+    from attnmatrix.matrix.evidence import load_evidence
+
+    pairs = [d for d in dtype_timing_disagreements(load_evidence([]).records) if d["cell"].startswith(arch + "/")]
+    return [Case.from_key(d[dt]) for d in pairs for dt in ("bfloat16", "float16")]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -181,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     rt.add_argument("--sample", type=int, default=48)
     rt.add_argument("--stale", action="store_true", help="every pass whose latency is not GPU time (timed "
                     "per call with host time, or never timed), cell by cell, instead of a sample")
+    rt.add_argument("--dtype-pairs", action="store_true", help="the bfloat16/float16 pairs whose timings "
+                    "disagree (matrix/validate.py dtype_timing_disagreements), both dtypes of each")
     rt.add_argument("--seed", type=int, default=0)
     rt.add_argument("--blind-first", help="a list written by `blind`: those cases go first")
     rt.add_argument("--list", action="store_true", help="print the cases it would take, counted by backend and "
@@ -219,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         passes = committed_passes(args.arch)
         if only:
             passes = {k: r for k, r in passes.items() if r.case.backend in only}
-        cases += stale_cases(passes) if args.stale else _sample(passes, args.sample, args.seed)
+        if args.dtype_pairs:
+            cases += dtype_pair_cases(args.arch)
+            args.run_id = args.run_id or f"{DTYPE_PAIR_RUN}-{time.strftime('%Y%m%d')}"
+        else:
+            cases += stale_cases(passes) if args.stale else _sample(passes, args.sample, args.seed)
     if only:
         cases = [c for c in cases if c.backend in only]
     cases = list({c.key: c for c in cases}.values())

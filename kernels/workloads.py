@@ -1,0 +1,156 @@
+"""Workloads: real models' attention layers at the batch and sequence mixes engines run.
+
+The matrix's timing shapes (kernels/problem.py TIMING_SHAPES) are three synthetic shapes with 16 or 32 heads
+and no grouped-query attention. A workload is a model preset's layer type (its query/KV head counts, head
+dims, window, softcap, sinks) at one (batch, sequence) point:
+
+- **buckets** (`BUCKETS`): a small grid per op that rankings are made on. Prefill: tokens per sequence x
+  batch; decode: batch x context length. A query's (batch, length) falls in the bucket nearest to it in
+  log space (`bucket_of`), so every query has a bucket.
+- **held-out shapes** (`HELD_OUT`): other (batch, length) points, never used for ranking, that the
+  selector's per-bucket choice is judged on (benchmarks/regret.py).
+
+Pure: no torch. Presets come from a models file (`load_presets`): matrix/data/models.json, one entry per
+model with its layer types, each cited to the model's published config.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+# (batch, length): prefill length = tokens per sequence (query = key length); decode length = context.
+# Two values per axis, far apart, so that the points bracket what engines run (short chat prefill to long
+# documents; a few to hundreds of decoding sequences) and a full sm_90 sweep stays inside a few minutes.
+BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {
+    "prefill": ((1, 512), (1, 8192), (16, 512), (16, 4096)),
+    "mla_prefill": ((1, 512), (1, 8192), (16, 512), (16, 4096)),
+    "decode": ((8, 1024), (8, 16384), (128, 1024), (128, 8192)),
+}
+# Shapes between and beyond the bucket points; none of them is a bucket point.
+HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
+    "prefill": ((1, 2048), (4, 1024), (2, 16384), (32, 256), (8, 2048)),
+    "mla_prefill": ((1, 2048), (4, 1024), (2, 16384), (32, 256), (8, 2048)),
+    "decode": ((1, 4096), (32, 2048), (64, 32768), (256, 512), (16, 4096)),
+}
+# The length axis's name per op, as the selector's hints spell it.
+LENGTH_NAME = {"prefill": "seq_len", "mla_prefill": "seq_len", "decode": "context_len"}
+DEFAULT_MODELS = Path(__file__).resolve().parent.parent / "matrix" / "data" / "models.json"
+
+
+def bucket_label(op: str, batch: int, length: int) -> str:
+    return f"b{batch}_{'kv' if op == 'decode' else 's'}{length}"
+
+
+def bucket_of(op: str, batch: int, length: int) -> tuple[int, int]:
+    """The bucket nearest to (batch, length) in log space (ties: the smaller point)."""
+    if op not in BUCKETS:
+        raise ValueError(f"op {op!r}: no workload buckets (known: {', '.join(BUCKETS)})")
+    if batch < 1 or length < 1:
+        raise ValueError(f"batch {batch} and length {length} must be >= 1")
+
+    def dist(p: tuple[int, int]) -> float:
+        return math.log(batch / p[0]) ** 2 + math.log(length / p[1]) ** 2
+
+    return min(BUCKETS[op], key=lambda p: (dist(p), p))
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer type of a model preset, as the attention kernel sees it (per tensor-parallel rank)."""
+
+    model: str
+    layer: str  # "global", "local", "mla" ...
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    head_dim_v: int
+    window: int | None = None  # left window (tokens) of a sliding-window layer
+    softcap: float | None = None
+    sinks: bool = False
+    qk_rope: int | None = None  # MLA: the rope part of head_dim
+    source: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}:{self.layer}"
+
+    def ops(self) -> tuple[str, ...]:
+        return ("mla_prefill",) if self.qk_rope is not None else ("prefill", "decode")
+
+    def features(self, op: str) -> tuple[str, ...]:
+        """The matrix's feature tokens for this layer's call (the selector's query for it)."""
+        toks = []
+        if op != "decode":
+            toks.append("causal")
+        if self.window:
+            toks.append("sliding_window")
+        if self.softcap:
+            toks.append("softcap")
+        if self.sinks:
+            toks.append("sinks")
+        if self.heads_kv != self.heads_q and op != "mla_prefill":
+            toks.append("gqa")
+        if self.qk_rope is not None:
+            toks.append(f"qk_rope:{self.qk_rope}")
+        return tuple(sorted(toks))
+
+
+class PresetError(ValueError):
+    pass
+
+
+def _int(d: dict, key: str, where: str, default: int | None = None) -> int:
+    v = d.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise PresetError(f"{where}: '{key}' must be a positive integer, got {v!r}")
+    return v
+
+
+def parse_presets(data: dict, where: str = "models") -> list[Layer]:
+    """Layers from a models document: {"models": {name: {"source": url, "tp": n?, "layers": [
+    {"type", "num_heads", "num_kv_heads", "head_dim", "head_dim_v"?, "sliding_window"?, "softcap"?,
+    "sinks"?, "qk_rope_head_dim"?}]}}}. Head counts are divided by `tp` (default 1)."""
+    models = data.get("models") if isinstance(data, dict) else None
+    if not isinstance(models, dict) or not models:
+        raise PresetError(f"{where}: expected a non-empty 'models' object")
+    out = []
+    for name, m in sorted(models.items()):
+        w = f"{where}: model {name!r}"
+        if not isinstance(m, dict) or not isinstance(m.get("layers"), list) or not m["layers"]:
+            raise PresetError(f"{w}: expected an object with a non-empty 'layers' list")
+        tp = _int(m, "tp", w, 1)
+        for i, ly in enumerate(m["layers"]):
+            lw = f"{w} layer {i}"
+            if not isinstance(ly, dict):
+                raise PresetError(f"{lw}: expected an object")
+            hq, hkv = _int(ly, "num_heads", lw), _int(ly, "num_kv_heads", lw)
+            if hq % tp or hkv % tp and hkv >= tp or hq % hkv:
+                raise PresetError(f"{lw}: {hq} query / {hkv} KV heads do not split over tp={tp}")
+            d = _int(ly, "head_dim", lw)
+            window = ly.get("sliding_window")
+            if window is not None:
+                window = _int(ly, "sliding_window", lw)
+            out.append(Layer(
+                model=name, layer=str(ly.get("type", f"layer{i}")), heads_q=hq // tp, heads_kv=max(1, hkv // tp),
+                head_dim=d, head_dim_v=_int(ly, "head_dim_v", lw, d), window=window,
+                softcap=ly.get("softcap") or None, sinks=bool(ly.get("sinks", False)),
+                qk_rope=ly.get("qk_rope_head_dim"), source=str(m.get("source", ""))))
+    return out
+
+
+def load_presets(path: str | Path | None = None) -> list[Layer]:
+    path = Path(path) if path else DEFAULT_MODELS
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PresetError(f"{path}: no models file (give one with --presets)") from None
+    except ValueError as e:
+        raise PresetError(f"{path}: not JSON ({e})") from None
+    return parse_presets(data, str(path))
+
+
+def workload_points(op: str, held_out: bool = False) -> tuple[tuple[int, int], ...]:
+    return (HELD_OUT if held_out else BUCKETS)[op]

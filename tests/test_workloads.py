@@ -1,0 +1,71 @@
+"""Workload buckets (kernels/workloads.py) and benchmarks/regret.py's sweep and report, on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from attnmatrix.kernels import workloads as W
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _regret():
+    spec = importlib.util.spec_from_file_location("regret_bench", ROOT / "benchmarks" / "regret.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_point_has_a_bucket_and_held_out_points_are_not_buckets():
+    for op, points in W.BUCKETS.items():
+        for p in points:
+            assert W.bucket_of(op, *p) == p
+        for p in W.HELD_OUT[op]:
+            assert p not in points
+            assert W.bucket_of(op, *p) in points
+    assert W.bucket_of("decode", 100, 900) == (128, 1024)
+    assert W.bucket_of("prefill", 2, 6000) == (1, 8192)
+    with pytest.raises(ValueError, match="no workload buckets"):
+        W.bucket_of("encode", 1, 1)
+
+
+def test_presets_parse_with_tp_and_say_what_is_wrong():
+    layers = W.parse_presets({"models": {"m": {"tp": 8, "layers": [
+        {"type": "global", "num_heads": 64, "num_kv_heads": 8, "head_dim": 128, "sliding_window": 4096}]}}})
+    (ly,) = layers
+    assert (ly.heads_q, ly.heads_kv, ly.window) == (8, 1, 4096)
+    assert ly.features("prefill") == ("causal", "gqa", "sliding_window")
+    assert ly.features("decode") == ("gqa", "sliding_window")
+    with pytest.raises(W.PresetError, match="model 'm' layer 0: 'head_dim'"):
+        W.parse_presets({"models": {"m": {"layers": [{"num_heads": 8, "num_kv_heads": 8}]}}})
+    with pytest.raises(W.PresetError, match="do not split over tp=3"):
+        W.parse_presets({"models": {"m": {"tp": 3, "layers": [{"num_heads": 8, "num_kv_heads": 8, "head_dim": 64}]}}})
+    assert {ly.model for ly in W.load_presets(ROOT / "benchmarks" / "regret-presets.json")} >= {"gemma-2-9b"}
+
+
+@pytest.mark.slow
+def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
+    R = _regret()
+    monkeypatch.setattr(W, "BUCKETS", {"prefill": ((1, 64), (2, 128)), "decode": ((2, 64), (4, 128))})
+    monkeypatch.setattr(W, "HELD_OUT", {"prefill": ((1, 96),), "decode": ((3, 100),)})
+    presets = tmp_path / "models.json"
+    presets.write_text(json.dumps({"models": {"tiny": {"layers": [
+        {"type": "global", "num_heads": 4, "num_kv_heads": 2, "head_dim": 32},
+        {"type": "capped", "num_heads": 4, "num_kv_heads": 4, "head_dim": 32, "softcap": 30.0}]}}}))
+    out = tmp_path / "run.jsonl"
+    assert R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(out), "--presets", str(presets),
+                   "--budget-ms", "1"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    checks = {(r["layer"], r["op"]): r["outcome"] for r in rows if r["set"] == "check"}
+    assert checks[("tiny:global", "prefill")] == "pass"
+    assert checks[("tiny:capped", "decode")] == "rejected"  # SDPA has no softcap parameter
+    timed = [r for r in rows if r["set"] != "check"]
+    assert {r["rep"] for r in timed if r["set"] == "bucket"} == {0, 1}
+    assert all(r["outcome"] == "pass" and r["ms"] > 0 for r in timed)
+    result = R.analyse(rows)
+    assert result["noise"]["pairs"] == 4 and result["noise"]["p90"] >= 1.0
+    assert result["regret"]["queries"] == 2 and result["regret"]["max"] == 1.0  # one backend: its own best
+    assert result["rankings"]["tiny:global prefill b2_s128"]["order"][0][0] == "sdpa_cpu"
