@@ -95,7 +95,7 @@ def _probe(cases: list[Case], out: Path, args: argparse.Namespace) -> dict:
     import torch
     from attnmatrix.kernels.probe import ProbeConfig
     from attnmatrix.kernels.runner import RunnerConfig, run_cases
-    from attnmatrix.kernels.timing import peak_env
+    from attnmatrix.kernels.timing import PEAK_ENV, PEAK_METHOD_ENV, peak_env
     from attnmatrix.matrix.storage import ResultStore
 
     if not torch.cuda.is_available():
@@ -106,8 +106,12 @@ def _probe(cases: list[Case], out: Path, args: argparse.Namespace) -> dict:
     skipped = Counter(c.backend for c in cases if why[c.backend])
     todo = [c for c in cases if not why[c.backend]]
     ngpu = torch.cuda.device_count()
-    # The run's matmul ceiling, once (the runner would measure it again for every slice).
-    peak = peak_env(0) if todo else {}
+    # The run's matmul ceiling, once (the runner would measure it again for every slice); one measured for
+    # the same machine earlier is taken from the environment (PEAK_ENV, PEAK_METHOD_ENV).
+    if PEAK_ENV in os.environ:
+        peak = {k: os.environ[k] for k in (PEAK_ENV, PEAK_METHOD_ENV) if k in os.environ}
+    else:
+        peak = peak_env(0) if todo else {}
     cfg = RunnerConfig(workers=args.workers or 4 * ngpu, timeout_s=args.timeout, device="cuda",
                        gpus=list(range(ngpu)), probe=ProbeConfig(run_id=args.run_id), extra_env=peak)
     deadline = time.monotonic() + args.limit_s
