@@ -98,15 +98,6 @@ KERNEL_VERSIONS = {
 ARCHS = ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120')
 
 DATA = {
-    'tiers': ('validated', 'compiled', 'shipped', 'declared'),
-    'positive': ('compiled', 'pass', 'shipped'),
-    'uninformative': ('unavailable',),
-    'ops': ('prefill', 'decode', 'mla_prefill'),
-    'dtypes': ('bfloat16', 'float16'),
-    'features': ('causal', 'sliding_window', 'softcap', 'alibi', 'sinks', 'gqa', 'varlen', 'paged_kv', 'fp8', 'qk_rope'),
-    'mask_features': ('causal',),
-    'qualifiers': ('qk_rope',),
-    'limits': {'head_size': 1024, 'page_size': 65536},
     'archs': ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'),
     'default_rank_missing': 50,
     'fa_version': {'vllm_fa2': 2, 'vllm_fa3': 3, 'vllm_fa4': 4},

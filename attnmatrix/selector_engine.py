@@ -7,10 +7,14 @@ in `attnmatrix.matrix.policy`; this module only reads its result, as plain data 
 data is built by `attnmatrix.generator.capabilities.engine_data` and written out readably as the
 selector's `DATA`).
 
+The vocabulary (ops, dtypes, feature tokens and query parameters, outcomes, tiers, statuses, archs) is
+`attnmatrix.vocabulary`, which ships beside this module: outcomes in `POSITIVE_OUTCOMES` mean supported, in
+`UNINFORMATIVE_OUTCOMES` say nothing (a cell with only such evidence is unknown), any other unsupported;
+`MASK_FEATURES` (causal) are shared by every component cell of a composed query; `QUALIFIERS` (qk_rope, the
+rope split of an MLA head size) narrow a cell and are dropped where no cell carries them.
+
 The data (every key required):
 
-- `tiers`: evidence tiers, strongest first; `positive` / `uninformative`: outcomes that mean supported /
-  say nothing (a cell with only such evidence is unknown); any other outcome means unsupported.
 - `archs`; `backends`: arch -> the backends a query on that arch considers.
 - `cells`: (arch, backend) -> rules. A rule is five strings: ops, dtypes, head sizes (`128`, `192x128`),
   feature sets (`none`, `causal+softcap`), each a space-separated list whose product is the cells it
@@ -25,8 +29,6 @@ The data (every key required):
 - `default_rank`: arch -> backend -> rank (lower first); `default_rank_missing` for the others.
 - `fa_version`: backend -> FlashAttention version; `mla_name`: backend -> vLLM MLA prefill name;
   `fa_common_head_sizes`: the head sizes get_flash_attn_version decides over when given none.
-- `mask_features`: tokens every component cell shares (causal); `qualifiers`: token names that narrow
-  a cell (`qk_rope`: the rope split of an MLA head size) and are dropped where no cell carries them.
 
 A query is (arch, op, dtype, head_dim, head_dim_v, feature tokens). The exact feature set answers when a
 cell has it. Otherwise the query is composed: its mask cell, then one cell per other feature, looked up on
@@ -40,10 +42,16 @@ from __future__ import annotations
 
 from statistics import median
 
-SUPPORTED, UNSUPPORTED, UNKNOWN = "supported", "unsupported", "unknown"
-FLAG_FEATURES = ("causal", "sliding_window", "softcap", "alibi", "sinks", "gqa", "varlen", "fp8")
-DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+try:
+    from . import vocabulary as V
+except ImportError:  # vendored as plain modules beside each other
+    import vocabulary as V
+
+SUPPORTED, UNSUPPORTED, UNKNOWN = V.SUPPORTED, V.UNSUPPORTED, V.UNKNOWN
 CACHE_MAX = 1 << 16
+_int = V.check_int
+arch_of = V.arch_of
+features_of = V.features_of
 
 
 def dims_label(head_dim: int, head_dim_v: int) -> str:
@@ -52,19 +60,6 @@ def dims_label(head_dim: int, head_dim_v: int) -> str:
 
 def fset_label(features) -> str:
     return "+".join(features) or "none"
-
-
-def features_of(causal=True, sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False,
-                varlen=False, page_size=None, fp8=False, qk_rope=None, *, max_page_size=None,
-                max_head_size=None) -> tuple:
-    """Query flags -> the matrix's feature tokens, sorted."""
-    flags = (causal, sliding_window, softcap, alibi, sinks, gqa, varlen, fp8)
-    toks = [name for name, on in zip(FLAG_FEATURES, flags, strict=True) if on]
-    if page_size:
-        toks.append(f"paged_kv:{_int('page_size', page_size, 1, max_page_size)}")
-    if qk_rope is not None:
-        toks.append(f"qk_rope:{_int('qk_rope_head_dim', qk_rope, 0, max_head_size)}")
-    return tuple(sorted(toks))
 
 
 def measured_latencies(timings: dict) -> dict:
@@ -124,37 +119,15 @@ class Answer:
         return self.shapes is not None and self.shapes[0] < self.shapes[1]
 
 
-def _int(name, v, lo, hi=None):
-    """An int (or an integral float: 128.0 is 128); bools, strings and values outside `lo`..`hi` are refused."""
-    if isinstance(v, bool):
-        raise ValueError(f"{name}: {v!r} is not an integer")
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    try:
-        i = v.__index__()
-    except (AttributeError, TypeError):
-        raise ValueError(f"{name}: {v!r} is not an integer") from None
-    if i < lo:
-        raise ValueError(f"{name}: {v!r} is below {lo}")
-    if hi is not None and i > hi:
-        raise ValueError(f"{name}: {v!r} is above {hi}")
-    return i
-
-
-def arch_of(capability) -> str:
-    """(9, 0) -> "sm_90"."""
-    try:
-        major, minor = capability
-    except (TypeError, ValueError):
-        raise ValueError(f"capability: {capability!r} is not a (major, minor) tuple") from None
-    return f"sm_{_int('capability major', major, 0)}{_int('capability minor', minor, 0)}"
-
-
 def _dtype(dtype) -> str:
+    """A dtype name (`bfloat16`, `bf16`, `torch.bfloat16`) as the vocabulary spells it; ValueError otherwise."""
     s = str(dtype)
     if s.startswith("torch."):
         s = s[len("torch."):]
-    return DTYPE_ALIASES.get(s, s)
+    s = V.DTYPE_ALIASES.get(s, s)
+    if s not in V.DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not one of {', '.join(V.DTYPES)}")
+    return s
 
 
 def _fsets(text: str):
@@ -167,13 +140,9 @@ class Engine:
     def __init__(self, data: dict):
         self.data = data
         self.archs = tuple(data["archs"])
-        self.tier_order = {t: i for i, t in enumerate(data["tiers"])}
-        self.mask = tuple(data["mask_features"])
-        self.qualifiers = tuple(data["qualifiers"])
-        self.ops = tuple(data["ops"])
-        # The matrix's own bounds (matrix/cases.py check_head_size, check_page_size), carried in the data.
-        self.max_head_size = data.get("limits", {}).get("head_size")
-        self.max_page_size = data.get("limits", {}).get("page_size")
+        self.tier_order = V.TIER_ORDER
+        self.mask = V.MASK_FEATURES
+        self.qualifiers = V.QUALIFIERS
         self._rules: dict = {}
         self._blocks: dict = {}
         self._verdicts: dict = {}
@@ -188,7 +157,7 @@ class Engine:
     def _verdict(self, text):
         v = self._verdicts.get(text)
         if v is None:
-            v = self._verdicts[text] = Verdict(text, self.data["positive"], self.data["uninformative"])
+            v = self._verdicts[text] = Verdict(text, V.POSITIVE_OUTCOMES, V.UNINFORMATIVE_OUTCOMES)
             v.rank = self.tier_order.get(v.tier, len(self.tier_order))
         return v
 
@@ -408,47 +377,42 @@ class Engine:
 
     # --- the selector's public functions (capability tuples, argument checks, caches) ----------------
 
-    def _query_args(self, capability, head_size, head_size_v, op, dtype, causal, sliding_window, softcap, alibi,
-                    sinks, gqa, varlen, page_size, fp8):
+    def _query_args(self, capability, head_size, head_size_v, op, dtype, features: dict):
         arch = arch_of(capability)
-        hd = _int("head_size", head_size, 1, self.max_head_size)
-        hdv = hd if head_size_v is None else _int("head_size_v", head_size_v, 1, self.max_head_size)
-        if op not in self.ops:
-            raise ValueError(f"op: {op!r} is not one of {', '.join(self.ops)}")
-        feats = features_of(causal, sliding_window, softcap, alibi, sinks, gqa, varlen, page_size, fp8,
-                            max_page_size=self.max_page_size)
-        return arch, op, _dtype(dtype), hd, hdv, feats
+        hd = _int("head_size", head_size, 1, V.MAX_HEAD_DIM)
+        hdv = hd if head_size_v is None else _int("head_size_v", head_size_v, 1, V.MAX_HEAD_DIM)
+        if op not in V.OPS:
+            raise ValueError(f"op: {op!r} is not one of {', '.join(V.OPS)}")
+        return arch, op, _dtype(dtype), hd, hdv, features_of(**features)
 
     def select_backends(self, capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16",
-                        causal=True, sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False,
-                        varlen=False, page_size=None, fp8=False):
+                        **features):
         """Supported backends for this query on this GPU, best first (attnmatrix backend names, e.g. "fa4").
 
-        capability is (major, minor), e.g. (9, 0). [] when nothing is known to work.
+        capability is (major, minor), e.g. (9, 0); `features` are the vocabulary's query parameters
+        (attnmatrix.vocabulary.QUERY_PARAMS: causal=True, sliding_window=False, ..., page_size=None).
+        [] when nothing is known to work.
         """
-        key = (capability, head_size, head_size_v, op, dtype, causal, sliding_window, softcap, alibi, sinks, gqa,
-               varlen, page_size, fp8)
         try:
+            key = (capability, head_size, head_size_v, op, dtype, *sorted(features.items()))
             return [*self._select_cache[key]]
         except KeyError:
             pass
         except TypeError:  # an unhashable argument (e.g. capability as a list): answer without caching
-            return [a.backend for a in self.query(*self._query_args(*key))[0]]
-        hit = tuple(a.backend for a in self.query(*self._query_args(*key))[0])
-        if len(self._select_cache) >= CACHE_MAX:
-            self._select_cache.clear()
-        self._select_cache[key] = hit
+            key = None
+        hit = tuple(a.backend for a in self.query(*self._query_args(capability, head_size, head_size_v, op, dtype,
+                                                                    features))[0])
+        if key is not None:
+            if len(self._select_cache) >= CACHE_MAX:
+                self._select_cache.clear()
+            self._select_cache[key] = hit
         return list(hit)
 
-    def explain(self, capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16", causal=True,
-                sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False, varlen=False,
-                page_size=None, fp8=False):
+    def explain(self, capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16", **features):
         """Every backend known for that arch -> why it is in or out: "supported (#position of n, tier, basis);
         evidence: <evidence ids>", "unsupported: <every failing reason> [evidence: <id>]" or
-        "unknown: <what nothing answers>". {} for an arch with no evidence."""
-        return self.explain_query(*self._query_args(capability, head_size, head_size_v, op, dtype, causal,
-                                                    sliding_window, softcap, alibi, sinks, gqa, varlen, page_size,
-                                                    fp8))
+        "unknown: <what nothing answers>". {} for an arch with no evidence. Same arguments as select_backends."""
+        return self.explain_query(*self._query_args(capability, head_size, head_size_v, op, dtype, features))
 
     def get_flash_attn_version(self, capability, requires_alibi=False, head_size=None, head_size_v=None,
                                has_sinks=False, requires_local_attention=False, requires_softcap=False,
@@ -487,7 +451,7 @@ class Engine:
         arch = arch_of(capability)
         nope, rope, v = (_int(name, x, float("-inf")) for name, x in (
             ("qk_nope_head_dim", qk_nope_head_dim), ("qk_rope_head_dim", qk_rope_head_dim), ("v_head_dim", v_head_dim)))
-        top = self.max_head_size if self.max_head_size is not None else float("inf")
+        top = V.MAX_HEAD_DIM
         names = (self.mla_prefill_priorities_for(arch, nope, rope, v)
                  if nope >= 0 and rope >= 0 and 1 <= nope + rope <= top and 1 <= v <= top and rope <= top else [])
         if key is not None:

@@ -12,22 +12,18 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from attnmatrix.matrix.cases import DTYPES, FEATURES, MAX_HEAD_DIM, MAX_PAGE_SIZE, OPS
 from attnmatrix.matrix.evidence import DEFAULT_RANK_MISSING, default_rank
-from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix, arch_sort_key
-from attnmatrix.matrix.records import POSITIVE_OUTCOMES, TIERS, UNINFORMATIVE_OUTCOMES, Record
+from attnmatrix.matrix.policy import ResolvedCell, ResolvedMatrix
+from attnmatrix.matrix.records import Record
 
 from attnmatrix.selector_engine import Engine, dims_label, fset_label, measured_latencies
+from attnmatrix.vocabulary import DTYPES, OPS, SUPPORTED, arch_sort_key
 
 # Head sizes get_flash_attn_version decides over when the caller gives none: the common ones; the last
 # one orders the candidates.
 FA_COMMON_HEAD_SIZES: tuple[tuple[int, int], ...] = ((64, 64), (128, 128))
 FA_BACKEND_FIELD = "fa_version"
 MLA_NAME_FIELD = "mla_prefill"
-MASK_FEATURES = ("causal",)
-# Feature tokens that narrow a cell and answer only where a cell carries them: the rope part of an MLA head
-# size (qk_rope:<n>); without such a cell the (qk, v) totals answer.
-QUALIFIERS = ("qk_rope",)
 SHORT_REASON_CHARS = 120
 LATENCY_DIGITS = 4  # significant digits kept: reruns vary by more than the fifth
 
@@ -144,15 +140,6 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
     public = sorted(b for b in m.backends if not is_test_only(m, b))
     backends = {a: tuple(sorted({b for x, b in per_block if x == a})) for a in archs}
     return {
-        "tiers": tuple(TIERS),
-        "positive": tuple(sorted(POSITIVE_OUTCOMES)),
-        "uninformative": tuple(sorted(UNINFORMATIVE_OUTCOMES)),
-        "ops": tuple(OPS),
-        "dtypes": tuple(DTYPES),
-        "features": tuple(FEATURES),
-        "mask_features": MASK_FEATURES,
-        "qualifiers": QUALIFIERS,
-        "limits": {"head_size": MAX_HEAD_DIM, "page_size": MAX_PAGE_SIZE},
         "archs": tuple(archs),
         "backends": backends,
         "default_rank": {a: {b: default_rank(m.backends, b, a) for b in backends[a]} for a in archs},

@@ -24,18 +24,23 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from attnmatrix.matrix.cases import DTYPES, FEATURES, OPS, feature_name, page_size
-from attnmatrix.matrix.policy import (
+from attnmatrix.matrix.cases import page_size
+from attnmatrix.matrix.policy import ResolvedCell, ResolvedMatrix
+
+from attnmatrix.vocabulary import (
+    DTYPES,
+    FEATURE_INFO,
+    FEATURES,
+    MASK_FEATURES,
+    OPS,
     SUPPORTED,
     UNKNOWN,
     UNSUPPORTED,
-    ResolvedCell,
-    ResolvedMatrix,
     arch_sort_key,
+    feature_name,
 )
 
 from . import tables as T
-from .capabilities import MASK_FEATURES
 
 CELLS_DIR = "site/data"  # the per-cell JSON files: site/data/<arch>/<backend>.json
 CELLS_SCHEMA = "attnmatrix.cells/2"
@@ -385,8 +390,8 @@ def _feature_claims(cells: list[ResolvedCell], feature: str, archs: list[str]) -
     return groups
 
 
-FEATURE_COLUMNS = [("Sinks", "sinks"), ("Sliding window", "sliding_window"), ("Softcap", "softcap"),
-                   ("ALiBi", "alibi")]
+# The support table's feature columns: the vocabulary's features that name one.
+FEATURE_COLUMNS = [(f.column, f.name) for f in FEATURE_INFO if f.column]
 
 
 def backend_rows(m: ResolvedMatrix, kernel_versions: dict[str, list[str]]) -> list[BackendRow]:

@@ -25,6 +25,8 @@ import jinja2
 from attnmatrix.matrix import policy
 from attnmatrix.matrix.policy import ResolvedMatrix
 
+from attnmatrix.vocabulary import capability_label
+
 from . import capabilities as C
 from . import pages as PG
 from . import plots as P
@@ -190,15 +192,8 @@ def page_latencies(texts: Iterable[str]) -> list[str]:
     return [_LATENCY_RE.sub(lambda mo: f"latency {PG.sig2(float(mo.group(1)))} ms", str(t)) for t in texts]
 
 
-def capability_of(arch: str) -> str:
-    if arch.startswith("sm_") and arch[3:].isdigit():
-        n = arch[3:]
-        return f"{n[:-1]}.{n[-1]}"
-    return arch
-
-
 def arch_links(cs: list[PG.Claim], prefix: str) -> Raw:
-    return Raw(", ".join(f"[{md_escape(capability_of(c.label))}]({prefix}{md_escape(c.label)}.md) {c.mark}"
+    return Raw(", ".join(f"[{md_escape(capability_label(c.label))}]({prefix}{md_escape(c.label)}.md) {c.mark}"
                          for c in cs) or T.UNSUPPORTED_MARK)
 
 
@@ -211,7 +206,7 @@ def _env(finalize) -> jinja2.Environment:
     )
     env.filters.update(comment=py_comment, hcomment=html_comment, md=md_escape, md_join=md_join, code=md_code,
                        claims=claims, items=items, latencies=page_latencies, arch_links=arch_links,
-                       capability=capability_of, raw=Raw, tuple=tuple)
+                       capability=capability_label, raw=Raw, tuple=tuple)
     return env
 
 

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from attnmatrix.matrix.cases import MLA_HEAD_DIMS
 from attnmatrix.matrix.evidence import default_rank
 from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix
-from attnmatrix.matrix.records import TIERS as RECORD_TIERS
 
-from attnmatrix.selector_engine import Engine, features_of
+from attnmatrix.selector_engine import Engine
+from attnmatrix.vocabulary import TIERS, features_of
 
 from .capabilities import FA_COMMON_HEAD_SIZES, engine_for, is_test_only, selector_archs
 
-TIERS = tuple(RECORD_TIERS)
 TIER_MARK = {"validated": "✅", "compiled": "🔧", "shipped": "📦", "declared": "📄"}
 UNSUPPORTED_MARK = "❌"
 UNKNOWN_MARK = "❔"
@@ -87,12 +86,10 @@ class Answer:
 
 
 def make_query(arch: str, head_size: int, head_size_v: int | None = None, *, op: str = "prefill",
-               dtype: str = "bfloat16", causal: bool = True, sliding_window: bool = False, softcap: bool = False,
-               alibi: bool = False, sinks: bool = False, gqa: bool = False, varlen: bool = False,
-               page_size: int | None = None, fp8: bool = False) -> Query:
-    feats = features_of(causal=causal, sliding_window=sliding_window, softcap=softcap, alibi=alibi, sinks=sinks,
-                        gqa=gqa, varlen=varlen, page_size=page_size, fp8=fp8)
-    return Query(arch, op, dtype, head_size, head_size if head_size_v is None else head_size_v, feats)
+               dtype: str = "bfloat16", **features: object) -> Query:
+    """A query from the vocabulary's query parameters (attnmatrix.vocabulary.QUERY_PARAMS)."""
+    return Query(arch, op, dtype, head_size, head_size if head_size_v is None else head_size_v,
+                 features_of(**features))
 
 
 def _wrap(m: ResolvedMatrix, eng: Engine, q: Query, a, ranking) -> Answer:

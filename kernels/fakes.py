@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 
 import torch
-from attnmatrix.matrix.cases import FEATURES
+
+from attnmatrix.vocabulary import FEATURES
 
 from . import registry
 from .base import Backend

@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import torch
-from attnmatrix.matrix.cases import FEATURES, Case
+from attnmatrix.matrix.cases import Case
+
+from attnmatrix.vocabulary import FEATURES
 
 from .problem import RECIPE, VALIDATION_SHAPES, Problem, Recipe, Shape, make_problem
 from .reference import TOLERANCES, mask_for, reference_attention

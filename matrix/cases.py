@@ -12,11 +12,21 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-OPS = ["prefill", "decode", "mla_prefill"]
-# The GPU archs the matrix covers (what a declared fact's "*" arch scope means).
-ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103", "sm_110", "sm_120"]
-DTYPES = ["bfloat16", "float16"]
+from attnmatrix import vocabulary as V
+from attnmatrix.vocabulary import (  # noqa: F401 - the case space's names for its axes' values
+    ARCH_RE,
+    ARCHS,
+    DTYPES,
+    FEATURES,
+    MAX_HEAD_DIM,
+    MAX_PAGE_SIZE,
+    OPS,
+    feature_arg,
+    feature_name,
+)
 
+# The vocabulary (ops, dtypes, features, archs, bounds) is attnmatrix/vocabulary.py; the space's axes below
+# are lists of its values.
 # (head_dim, head_dim_v). (192, 128) is DeepSeek's MLA prefill (qk_nope 128 + qk_rope 64, v 128).
 HEAD_DIMS: list[tuple[int, int]] = [
     (32, 32), (64, 64), (80, 80), (96, 96), (128, 128), (160, 160), (192, 192),
@@ -34,9 +44,6 @@ MLA_TRIPLES: list[tuple[int, int, int]] = [(128, 64, 128), (192, 64, 256), (256,
 MLA_HEAD_DIMS: list[tuple[int, int]] = sorted({(n + r, v) for n, r, v in MLA_TRIPLES})
 PAGE_SIZES = [16, 64, 128, 256]
 
-# Feature tokens. A token is a bare name or `name:int` (paged KV carries its block size).
-FEATURES = ["causal", "sliding_window", "softcap", "alibi", "sinks", "gqa", "varlen", "paged_kv", "fp8", "qk_rope"]
-# Tokens that take an integer argument: `paged_kv:<block size>` (> 0), `qk_rope:<rope head dim>` (>= 0).
 # The feature sets a standard sweep probes: each feature alone on top of the two mask modes the
 # kernels specialise on. Combinations beyond these are answered by composing single-feature cells.
 FEATURE_SETS: list[tuple[str, ...]] = [
@@ -52,13 +59,6 @@ BACKEND_FEATURE_SETS: dict[str, list[tuple[str, ...]]] = {
     "vllm_fa3": [("causal", "paged_kv:32")],
 }
 
-ARCH_RE = re.compile(r"^(cpu|sm_\d{2,3})$")
-MAX_HEAD_DIM = 1024
-
-
-# A paged KV block larger than this is no engine's block size (vLLM's are 16..256; FlashInfer's up to 1024).
-MAX_PAGE_SIZE = 65536
-
 
 class CaseError(ValueError):
     """A case (or one of its fields) is not well formed; the message names the field."""
@@ -67,7 +67,7 @@ class CaseError(ValueError):
 def check_head_size(value: object, name: str = "head size") -> int:
     """`value` as a head size, or CaseError naming `name`: an int in 1..MAX_HEAD_DIM (not 0, not -1, not
     1.5, not true, not a 20-digit number). The one check of head sizes: the case space and every
-    command's options use it, and the query engine enforces the same bound, carried in its data."""
+    command's options use it, and the query engine enforces the same bound (attnmatrix.vocabulary)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_HEAD_DIM:
         raise CaseError(f"{name}: {value!r} is not a head size (an int in 1..{MAX_HEAD_DIM})")
     return value
@@ -82,63 +82,28 @@ def check_page_size(value: object, name: str = "page size") -> int:
 
 
 def normalize_arch(arch: str) -> str:
-    """`sm_90a`, `sm90`, `9.0`, `(9, 0)`-style spellings -> the matrix key `sm_90`.
-
-    The `a`/`f` suffixes are compile targets of one arch, not different hardware: the matrix keys on
-    the hardware, and the exact target is kept in provenance.
-    """
-    s = str(arch).strip().lower()
-    if s == "cpu":
-        return "cpu"
-    m = re.fullmatch(r"sm_?(\d{2,3})[af]?", s) or re.fullmatch(r"compute_(\d{2,3})[af]?", s)
-    if m:
-        return f"sm_{m.group(1)}"
-    m = re.fullmatch(r"(\d{1,2})\.(\d)", s)
-    if m:
-        return f"sm_{m.group(1)}{m.group(2)}"
-    raise CaseError(f"arch: {arch!r} is not an arch (expected e.g. sm_90, sm_100a, 9.0 or cpu)")
-
+    """`sm_90a`, `sm90`, `9.0` -> the matrix key `sm_90` (attnmatrix.vocabulary.normalize_arch), or CaseError."""
+    try:
+        return V.normalize_arch(arch)
+    except V.VocabularyError as e:
+        raise CaseError(str(e)) from None
 
 
 def canonical_features(features: Iterable[str]) -> tuple[str, ...]:
     """Validate feature tokens and return them sorted and de-duplicated."""
-    out = set()
-    for tok in features:
-        name, _, arg = str(tok).partition(":")
-        if name not in FEATURES:
-            raise CaseError(f"features: unknown feature {tok!r} (known: {', '.join(FEATURES)})")
-        if name == "paged_kv":
-            if not (arg.isascii() and arg.isdigit()) or not 0 < int(arg) <= MAX_PAGE_SIZE or arg != str(int(arg)):
-                raise CaseError(f"features: {tok!r} needs a block size in 1..{MAX_PAGE_SIZE}, e.g. paged_kv:16")
-        elif name == "qk_rope":
-            if not (arg.isascii() and arg.isdigit()) or int(arg) > MAX_HEAD_DIM or arg != str(int(arg)):
-                raise CaseError(f"features: {tok!r} needs the rope head dim (an int in 0..{MAX_HEAD_DIM}), "
-                                "e.g. qk_rope:64")
-        elif arg:
-            raise CaseError(f"features: {tok!r} takes no argument")
-        out.add(tok)
-    return tuple(sorted(out))
-
-
-def feature_name(token: str) -> str:
-    return token.partition(":")[0]
-
-
-def _feature_arg(features: Iterable[str], feature: str) -> int | None:
-    for tok in features:
-        name, _, arg = tok.partition(":")
-        if name == feature:
-            return int(arg)
-    return None
+    try:
+        return tuple(sorted({V.check_feature_token(tok) for tok in features}))
+    except V.VocabularyError as e:
+        raise CaseError(str(e)) from None
 
 
 def page_size(features: Iterable[str]) -> int | None:
-    return _feature_arg(features, "paged_kv")
+    return feature_arg(features, "paged_kv")
 
 
 def qk_rope(features: Iterable[str]) -> int | None:
     """The rope part of an MLA case's qk head dim (`qk_rope:<n>`), None where the case names no split."""
-    return _feature_arg(features, "qk_rope")
+    return feature_arg(features, "qk_rope")
 
 
 @dataclass(frozen=True, order=True)

@@ -8,23 +8,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cases import (
-    ARCHS,
-    BACKEND_FEATURE_SETS,
-    DTYPES,
-    FEATURE_SETS,
-    HEAD_DIMS,
-    MAX_HEAD_DIM,
-    MLA_TRIPLES,
-    OPS,
-    CaseError,
-    feature_name,
-    normalize_arch,
-)
+from attnmatrix.vocabulary import ARCH_FAMILY_RE, ARCHS, DTYPES, MAX_HEAD_DIM, OPS, arch_family, feature_name
+
+from .cases import BACKEND_FEATURE_SETS, FEATURE_SETS, HEAD_DIMS, MLA_TRIPLES, CaseError, normalize_arch
 from .records import Record, RecordError, parse_record
 from .storage import InputError, Problem, iter_result_files, read_records
 
@@ -85,14 +74,6 @@ class Evidence:
 DEFAULT_RANK_FIELD = "default_rank"
 DEFAULT_RANK_MISSING = 50
 DEFAULT_RANK_ANY = "*"
-ARCH_FAMILY_RE = re.compile(r"sm_([1-9][0-9]?)x")
-
-
-def arch_family(arch: str | None) -> str | None:
-    """The capability-major family key of an arch: `sm_90` -> `sm_9x`, `sm_100` -> `sm_10x`; None for `cpu`."""
-    if arch is None or not arch.startswith("sm_") or not arch[3:].isdigit() or len(arch) < 5:
-        return None
-    return f"sm_{int(arch[3:-1])}x"
 
 
 def _is_int(v: object) -> bool:

@@ -29,11 +29,18 @@ from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
 
+from attnmatrix.vocabulary import (  # noqa: F401 - statuses and arch order re-exported for the policy's readers
+    POSITIVE_OUTCOMES,
+    SUPPORTED,
+    UNINFORMATIVE_OUTCOMES,
+    UNKNOWN,
+    UNSUPPORTED,
+    arch_sort_key,
+)
+
 from .cases import Case
 from .evidence import Evidence, Ranking
-from .records import POSITIVE_OUTCOMES, UNINFORMATIVE_OUTCOMES, Record
-
-SUPPORTED, UNSUPPORTED, UNKNOWN = "supported", "unsupported", "unknown"
+from .records import Record
 
 
 def version_key(v: str | None) -> tuple:
@@ -212,10 +219,6 @@ class ResolvedMatrix:
     @property
     def archs(self) -> list[str]:
         return sorted({c.case.arch for c in self.cells.values()}, key=arch_sort_key)
-
-
-def arch_sort_key(arch: str) -> tuple:
-    return (0, int(arch[3:])) if arch.startswith("sm_") else (1, 0)
 
 
 def resolve(ev: Evidence, *, include_test_only: bool = False) -> ResolvedMatrix:

@@ -13,22 +13,20 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnmatrix.vocabulary import (  # noqa: F401 - re-exported: a record's fields speak the vocabulary
+    OUTCOMES,
+    POSITIVE_OUTCOMES,
+    TIER_ORDER,
+    TIERS,
+    UNINFORMATIVE_OUTCOMES,
+)
+
 from .cases import Case, CaseError
 
 SCHEMA_VERSION = 1
 
-# What happened when the case was probed.
-OUTCOMES = ["pass", "wrong", "rejected", "crash", "timeout", "unavailable", "compiled", "shipped"]
-# How strong the evidence is, strongest first. `shipped`: a prebuilt binary for that exact arch and
-# configuration is listed in the library's own kernel table (e.g. flashinfer-cubin's
-# flashInferMetaInfo.h): as strong as a compile, not a run. The one tier table: display order and the
-# `TIER_ORDER` every reader (policy, pages, the generated selector's data) takes.
-TIERS = ["validated", "compiled", "shipped", "declared"]
-TIER_ORDER = {t: i for i, t in enumerate(TIERS)}
-POSITIVE_OUTCOMES = {"pass", "compiled", "shipped"}
-# Outcomes that say nothing about the kernel's support (the package was not importable).
-UNINFORMATIVE_OUTCOMES = {"unavailable"}
-
+# Outcomes, tiers and their order are the vocabulary's (attnmatrix/vocabulary.py): `TIER_ORDER` is the one
+# tier order every reader (policy, pages, the query engine) takes.
 TIER_OUTCOMES = {
     "validated": {"pass", "wrong", "rejected", "crash", "timeout", "unavailable"},
     "compiled": {"compiled", "rejected", "crash", "timeout", "unavailable"},

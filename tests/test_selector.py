@@ -184,12 +184,12 @@ def test_arguments(sel):
     assert sel.select_backends([9, 0], 128) == sel.select_backends(H100, 128)  # unhashable capability still works
     assert sel.select_backends(H100, 128, dtype="torch.bfloat16") == sel.select_backends(H100, 128)
     assert sel.select_backends(H100, 128, dtype="bf16") == sel.select_backends(H100, 128)
-    assert sel.select_backends(H100, 128, dtype="float32") == []
     assert sel.select_backends(H100, 128.0) == sel.select_backends(H100, 128)
-    for bad in (dict(op="prefil"), dict(capability=(9,)), dict(head_size=0), dict(head_size=128.5),
-                dict(head_size="128"), dict(page_size=True), dict(capability=(9.5, 0))):
+    # an unknown op and an unknown dtype are refused alike (never a silent [])
+    for bad in (dict(op="prefil"), dict(dtype="float32"), dict(capability=(9,)), dict(head_size=0),
+                dict(head_size=128.5), dict(head_size="128"), dict(page_size=True), dict(capability=(9.5, 0))):
         kw = {"capability": H100, "head_size": 128, **bad}
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=next(iter(bad))):
             sel.select_backends(kw.pop("capability"), kw.pop("head_size"), **kw)
     # each call returns a fresh list: mutating it does not change later answers
     first = sel.select_backends(H100, 128)

@@ -8,15 +8,9 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
-from attnmatrix.matrix.cases import DTYPES, OPS, CaseError, normalize_arch
-from attnmatrix.matrix.policy import (
-    SUPPORTED,
-    ResolvedMatrix,
-    arch_sort_key,
-    describe,
-    resolve,
-)
-from attnmatrix.matrix.records import TIERS
+from attnmatrix.matrix.cases import CaseError, normalize_arch
+from attnmatrix.matrix.policy import ResolvedMatrix, describe, resolve
+from attnmatrix.vocabulary import DTYPES, FEATURE_INFO, FLAG, OPS, STATUSES, SUPPORTED, TIERS, arch_sort_key
 
 from . import main
 from .common import UsageError, head_size_callback, load_for_reading, locate, page_size_callback
@@ -33,7 +27,7 @@ def _filters(f):
         click.option("--head-dim", type=int, callback=head_size_callback),
         click.option("--head-dim-v", type=int, callback=head_size_callback),
         click.option("--feature", "features", multiple=True, help="Cells whose features include this token."),
-        click.option("--status", type=click.Choice(["supported", "unsupported", "unknown"])),
+        click.option("--status", type=click.Choice(STATUSES)),
         click.option("--tier", type=click.Choice(TIERS)),
         click.option("--results", "extra", multiple=True, type=click.Path(path_type=Path),
                      help="Extra result files/folders beside the embedded matrix."),
@@ -61,7 +55,23 @@ def _select(m: ResolvedMatrix, arch, backend, op, dtype, head_dim, head_dim_v, f
     return sorted(cells, key=lambda c: (arch_sort_key(c.case.arch), c.case))
 
 
-STATUS_MARK = {"supported": "yes", "unsupported": "no", "unknown": "?"}
+STATUS_MARK = dict(zip(STATUSES, ("yes", "no", "?"), strict=True))
+
+
+def _feature_options(f):
+    """One option per query parameter of the vocabulary: `--causal/--no-causal` for a mask mode, a flag for
+    the other flags, an int for a sized feature (`--page-size`)."""
+    for feat in reversed([x for x in FEATURE_INFO if x.param]):
+        name = "--" + feat.param.replace("_", "-")
+        if feat.kind != FLAG:
+            opt = click.option(name, feat.param, type=int, default=None, callback=page_size_callback,
+                               help=f"{feat.doc[0].upper()}{feat.doc[1:]}: {feat.arg_doc}.")
+        elif feat.mask:
+            opt = click.option(f"{name}/--no-{name[2:]}", feat.param, default=True, show_default=True, help=feat.doc)
+        else:
+            opt = click.option(name, feat.param, is_flag=True, help=feat.doc[0].upper() + feat.doc[1:] + ".")
+        f = opt(f)
+    return f
 
 
 @main.command()
@@ -95,19 +105,10 @@ def show(arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier,
               help="V head size if different (MLA: 128 for 192).")
 @click.option("--op", type=click.Choice(OPS), default="prefill", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True)
-@click.option("--causal/--no-causal", default=True, show_default=True)
-@click.option("--sliding-window", is_flag=True)
-@click.option("--softcap", is_flag=True)
-@click.option("--alibi", is_flag=True)
-@click.option("--sinks", is_flag=True)
-@click.option("--gqa", is_flag=True)
-@click.option("--varlen", is_flag=True)
-@click.option("--page-size", type=int, default=None, callback=page_size_callback, help="Paged KV block size.")
-@click.option("--fp8", is_flag=True)
+@_feature_options
 @click.option("--results", "extra", multiple=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
-def explain(arch, capability, head_size, head_size_v, op, dtype, causal, sliding_window, softcap, alibi, sinks,
-            gqa, varlen, page_size, fp8, extra, as_json) -> None:
+def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json, **features) -> None:
     """For one query: the backends in order, and for every other backend every reason and its evidence."""
     if not arch and not capability:
         raise UsageError("give --arch or --capability")
@@ -118,9 +119,7 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, causal, sliding
     from attnmatrix.generator import tables as T
 
     try:
-        q = T.make_query(arch, head_size, head_size_v, op=op, dtype=dtype, causal=causal,
-                         sliding_window=sliding_window, softcap=softcap, alibi=alibi, sinks=sinks, gqa=gqa,
-                         varlen=varlen, page_size=page_size, fp8=fp8)
+        q = T.make_query(arch, head_size, head_size_v, op=op, dtype=dtype, **features)
     except ValueError as e:
         raise UsageError(str(e)) from None
     hdv, feats = q.head_dim_v, q.features
