@@ -31,8 +31,6 @@ from . import capabilities as C
 from . import pages as PG
 from . import plots as P
 from . import tables as T
-from . import vllm_comparison as VC
-from . import vllm_rules as VR
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -42,7 +40,6 @@ MLA_PREFILL_PATH = "site/mla-prefill.md"
 FA_VERSION_PATH = "site/fa-version.md"
 ARCH_PAGE_DIR = "site/archs"
 CHANGELOG_PATH = "site/changelog.md"
-VLLM_COMPARISON_PATH = "site/vllm-comparison.md"
 PLOT_DIR = P.PLOT_DIR
 
 
@@ -199,9 +196,10 @@ def arch_links(cs: list[PG.Claim], prefix: str) -> Raw:
 
 # --- environments ---------------------------------------------------------------------------------
 
-def _env(finalize) -> jinja2.Environment:
+def _env(finalize, *template_dirs: Path) -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=False, trim_blocks=True, lstrip_blocks=True,
+        loader=jinja2.FileSystemLoader([str(d) for d in (*template_dirs, TEMPLATES)]), autoescape=False,
+        trim_blocks=True, lstrip_blocks=True,
         keep_trailing_newline=True, undefined=jinja2.StrictUndefined, finalize=finalize,
     )
     env.filters.update(comment=py_comment, hcomment=html_comment, md=md_escape, md_join=md_join, code=md_code,
@@ -214,9 +212,16 @@ PY_ENV = _env(pylit)
 MD_ENV = _env(md_escape)
 
 
+def markdown_env(*template_dirs: Path) -> jinja2.Environment:
+    """The Markdown environment (escaping, filters, the shared `_header`/`_note` includes) over more template
+    folders: an engine's pages (attnmatrix/engines/<engine>/templates) render with it."""
+    return _env(md_escape, *template_dirs)
+
+
 # --- header / meta --------------------------------------------------------------------------------
 
-def _header(m: ResolvedMatrix, meta: dict) -> dict:
+def header(m: ResolvedMatrix, meta: dict) -> dict:
+    """The generated files' header data: matrix id, kernel versions, input files."""
     if not meta.get("matrix_id"):
         raise ValueError("meta: matrix_id is required")
     kv = meta.get("kernel_versions") or {}
@@ -233,13 +238,13 @@ def render_selector(m: ResolvedMatrix, meta: dict) -> str:
     """The selector module: the engine's data for `m` (GPU archs), written out one rule or class a line."""
     data = C.engine_data(m)
     return PY_ENV.get_template("selector.py.j2").render(
-        h=_header(m, meta), t=data, scalar_keys=[k for k in data if k not in SELECTOR_BLOCK_KEYS],
+        h=header(m, meta), t=data, scalar_keys=[k for k in data if k not in SELECTOR_BLOCK_KEYS],
         labels={b: str(m.backends.get(b, {}).get("label", b)) for b in {b for _, b in data["cells"]}},
     )
 
 
 def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
-    h = _header(m, meta)
+    h = header(m, meta)
     out: dict[str, str] = {}
     kv = dict(h["kernel_versions"])
     pages = PG.arch_pages(m)
@@ -260,18 +265,7 @@ def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
     out[FA_VERSION_PATH] = MD_ENV.get_template("fa-version.md.j2").render(
         h=h, archs=T.fa_tables(m), common=T.FA_COMMON_HEAD_SIZES)
     out[CHANGELOG_PATH] = render_changelog(m, meta)
-    out[VLLM_COMPARISON_PATH] = render_vllm_comparison(m, meta)
     return out
-
-
-def render_vllm_comparison(m: ResolvedMatrix, meta: dict) -> str:
-    """vLLM's choices next to attnmatrix's, the disagreements and the selection regret (generator.vllm_comparison)."""
-    # vLLM's recorded answers: the matrix's own (meta["vllm_answers"], a path) or the package's
-    answers = VR.O.load_answers(meta["vllm_answers"]) if meta.get("vllm_answers") else VR.default_answers()
-    return MD_ENV.get_template("vllm-comparison.md.j2").render(
-        h=_header(m, meta), page=VC.comparison_page(m, answers), kinds=VC.KINDS,
-        release=VC.release_info(answers, f"matrix/data/vllm/{Path(answers.path).name}"), mapping=VC.mapping_rows(),
-        sources=list(VR.VLLM_SOURCES), max_rows=VC.DISAGREEMENT_ROWS)
 
 
 # --- changelog ------------------------------------------------------------------------------------
@@ -306,7 +300,7 @@ def render_changelog(m: ResolvedMatrix, meta: dict) -> str:
     names the current matrix and says no previous version is recorded."""
     from attnmatrix.matrix.diff import diff_matrices
 
-    h = _header(m, meta)
+    h = header(m, meta)
     prev = _previous(meta)
     ctx: dict = {"h": h, "prev": prev, "kinds": CHANGE_KINDS, "threshold": CHANGELOG_SPEED_THRESHOLD,
                  "max_rows": CHANGELOG_MAX_ROWS}
@@ -332,6 +326,6 @@ def render_changelog(m: ResolvedMatrix, meta: dict) -> str:
 
 def render_all(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
     """Every generated file: {repo-relative path: text}. Byte-identical for the same input."""
-    header = MD_ENV.get_template("_header.md.j2").render(h=_header(m, meta))
-    out = {SELECTOR_PATH: render_selector(m, meta), **render_docs(m, meta), **P.render_plots(m, header)}
+    header_text = MD_ENV.get_template("_header.md.j2").render(h=header(m, meta))
+    out = {SELECTOR_PATH: render_selector(m, meta), **render_docs(m, meta), **P.render_plots(m, header_text)}
     return dict(sorted(out.items()))

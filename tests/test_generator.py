@@ -86,8 +86,7 @@ def test_paths():
                            "site/archs/sm_90.md", "site/changelog.md", "site/data/cpu/sdpa_cudnn.json",
                            "site/data/sm_100/fa2.json", "site/data/sm_100/fa4.json", "site/data/sm_90/fa2.json",
                            "site/data/sm_90/fa4.json", "site/data/sm_90/sdpa_cudnn.json", "site/fa-version.md",
-                           "site/mla-prefill.md", "site/plots/sm_90-tflops.svg", "site/support-matrix.md",
-                           "site/vllm-comparison.md"]
+                           "site/mla-prefill.md", "site/plots/sm_90-tflops.svg", "site/support-matrix.md"]
 
 
 def test_deterministic():

@@ -7,15 +7,17 @@ from __future__ import annotations
 import math
 
 import pytest
-from attnmatrix.generator import render_all, render_selector
+from attnmatrix.generator import render_selector
 from attnmatrix.generator import tables as T
-from attnmatrix.generator import vllm_comparison as VC
-from attnmatrix.generator import vllm_rules as V
 from attnmatrix.matrix.cases import feature_name, page_size
 from attnmatrix.matrix.evidence import Evidence, default_rank, load_backends, load_evidence
 from attnmatrix.matrix.policy import SUPPORTED, UNSUPPORTED, resolve
 from attnmatrix.matrix.records import parse_record
 from conftest import vendored_selector
+
+from attnmatrix.engines import render_all
+from attnmatrix.engines.vllm import comparison as VC
+from attnmatrix.engines.vllm import names as V
 
 # --- vLLM's answers, as the pinned release's own code gave them (matrix/data/vllm/) ------------------------
 # Seed checks read off vLLM 0.33.0's source (fa_utils.py get_flash_attn_version; platforms/interface.py
@@ -247,7 +249,7 @@ def test_embedded_matrix_first_choice_supported_never_rejected_and_fastest(embed
 @pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103", "sm_110", "sm_120",
                                   "sm_121"])
 def test_embedded_default_rank_puts_vllms_default_fa_version_first(arch):
-    """backends.json's per-arch default_rank follows vllm_rules' default FlashAttention version (no features, no
+    """backends.json's per-arch default_rank follows vLLM's recorded default FlashAttention version (no features, no
     head size): where nothing is measured and no ranking applies, attnmatrix and vLLM agree on it."""
     backends = load_backends()
     fa = T.fa_versions(resolve(Evidence(backends=backends)))
@@ -295,3 +297,30 @@ def test_a_padded_v_mla_prefill_is_answered_by_fa2s_plain_prefill(embedded):
         want = T.answer(embedded, T.Query(q.arch, "prefill", q.dtype, q.head_dim, q.head_dim, q.features),
                         c.vllm_pick.backend)
         assert c.vllm_pick.status == want.status, c.label
+
+
+# --- the engines' home: vLLM's names derived from backends.json, its page among the generated files ---------
+
+def test_vllm_names_are_read_off_backends_json():
+    names = V.VllmNames.from_backends(load_backends())
+    assert names.fa_version == {2: "vllm_fa2", 3: "vllm_fa3", 4: "vllm_fa4"}
+    assert names.mla_prefill == {"FLASHINFER": "flashinfer_cutlass", "TRTLLM_RAGGED": "trtllm_ragged"}
+    # a backend that declares a vLLM name answers for it; none is written twice
+    extra = {**load_backends(), "my_mla": {"mla_prefill": "TOKENSPEED_MLA", "default_rank": 50}}
+    assert V.VllmNames.from_backends(extra).backend_for("TOKENSPEED_MLA") == "my_mla"
+    clash = {**load_backends(), "fa3_again": {"fa_version": 3, "default_rank": 50}}
+    with pytest.raises(V.MappingError, match="fa_version: vLLM's FLASH_ATTN FA3 is already declared by"):
+        V.VllmNames.from_backends(clash)
+
+
+def test_engine_pages_join_the_generated_files():
+    from attnmatrix.generator import render_all as render_generator_files
+
+    from attnmatrix import engines
+
+    meta = {"matrix_id": "cmp0test", "kernel_versions": {}}
+    assert engines.engine_names() == ["vllm"]
+    every = render_all(matrix(), meta)
+    generator_only = render_generator_files(matrix(), meta)
+    assert set(every) - set(generator_only) == {"site/vllm-comparison.md"}
+    assert all(every[p] == t for p, t in generator_only.items())

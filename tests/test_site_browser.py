@@ -64,7 +64,7 @@ class _Quiet(SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """(base URL of the served site, temp root): the hand-built matrix rendered into a copy of the site."""
-    from attnmatrix.generator import render_all
+    from attnmatrix.engines import render_all
 
     root = tmp_path_factory.mktemp("site-copy")
     shutil.copy(REPO / "mkdocs.yml", root / "mkdocs.yml")

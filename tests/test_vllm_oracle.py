@@ -1,5 +1,5 @@
-"""The vLLM oracle (generator/vllm_oracle.py): its loader and stand-ins over a small synthetic `vllm` tree written
-here with the pinned release's import shape (fa_utils imports current_platform, the interface imports its
+"""The vLLM oracle (attnmatrix/engines/vllm/oracle.py): its loader and stand-ins over a small synthetic `vllm` tree
+written here with the pinned release's import shape (fa_utils imports current_platform, the interface imports its
 compiled extensions relatively, the MLA backends probe kernel libraries in is_available); the answers file's
 schema, stable text and refusals; `attnmatrix vllm-answers`; and, where ATTNMATRIX_VLLM_WHEEL names a vLLM
 wheel or its extracted tree, that the committed answers equal a fresh run of that release's code."""
@@ -16,11 +16,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from attnmatrix.generator import vllm_oracle as O
-from attnmatrix.generator import vllm_rules as V
 from click.testing import CliRunner
 
 from attnmatrix.cli import main
+from attnmatrix.engines.vllm import answers as A
+from attnmatrix.engines.vllm import names as V
+from attnmatrix.engines.vllm import namespace as N
+from attnmatrix.engines.vllm import oracle as O
+from attnmatrix.engines.vllm import release as R
 
 SYNTH = {
     "vllm/platforms/interface.py": '''
@@ -265,13 +268,13 @@ def write_tree(root: Path, *, fa3: bool = True, flashinfer: bool = True, files: 
     return root
 
 
-def synth_oracle(release: O.Release) -> O.Oracle:
-    return O.Oracle(O.Namespace(release, executed=SYNTH_EXECUTED))
+def synth_oracle(release: R.Release) -> O.Oracle:
+    return O.Oracle(N.Namespace(release, executed=SYNTH_EXECUTED))
 
 
 def test_loader_runs_the_trees_code_under_the_stand_ins(tmp_path):
     before = set(sys.modules)
-    with O.open_release(write_tree(tmp_path)) as rel:
+    with R.open_release(write_tree(tmp_path)) as rel:
         assert rel.version == "9.9.9" and rel.wheel_name is None
         o = synth_oracle(rel)
         hopper = o.flash_attn_version(O.FaQuery((9, 0), 128, 128))
@@ -287,18 +290,18 @@ def test_loader_runs_the_trees_code_under_the_stand_ins(tmp_path):
 
 
 def test_compiled_extension_availability_is_what_the_release_ships(tmp_path):
-    with O.open_release(write_tree(tmp_path, fa3=False)) as rel:
+    with R.open_release(write_tree(tmp_path, fa3=False)) as rel:
         assert synth_oracle(rel).flash_attn_version(O.FaQuery((9, 0), 128, 128))["version"] == 2
 
 
 def test_environment_cannot_change_the_answers(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
-    with O.open_release(write_tree(tmp_path)) as rel:
+    with R.open_release(write_tree(tmp_path)) as rel:
         assert synth_oracle(rel).flash_attn_version(O.FaQuery((9, 0), 128, 128))["version"] == 3
 
 
 def test_mla_walk_refusals_and_flash_attn_constructor(tmp_path):
-    with O.open_release(write_tree(tmp_path)) as rel:
+    with R.open_release(write_tree(tmp_path)) as rel:
         o = synth_oracle(rel)
         r = o.mla_prefill(O.MlaQuery((10, 0), (128, 64, 128), "bfloat16"))
         assert (r["priorities"], r["backend"], r["refused"]) == (["TRTLLM_RAGGED", "FLASH_ATTN"], "TRTLLM_RAGGED", [])
@@ -310,7 +313,7 @@ def test_mla_walk_refusals_and_flash_attn_constructor(tmp_path):
 
 
 def test_kernel_library_counts_as_installed_only_if_the_release_requires_it(tmp_path):
-    with O.open_release(write_tree(tmp_path, flashinfer=False)) as rel:
+    with R.open_release(write_tree(tmp_path, flashinfer=False)) as rel:
         r = synth_oracle(rel).mla_prefill(O.MlaQuery((10, 0), (128, 64, 128), "bfloat16"))
         assert r["backend"] == "FLASH_ATTN"
         assert r["refused"] == [["TRTLLM_RAGGED", ["required dependencies not available"]]]
@@ -326,15 +329,15 @@ def fa_utils_with(old: str, new: str) -> dict:
 def test_an_import_with_no_stand_in_fails_loudly(tmp_path):
     files = fa_utils_with("import vllm.envs as envs",
                           "import vllm.envs as envs\n        from vllm.engine import something  # noqa")
-    with O.open_release(write_tree(tmp_path, files=files)) as rel:
-        with pytest.raises(O.OracleError, match="vllm.engine"):
+    with R.open_release(write_tree(tmp_path, files=files)) as rel:
+        with pytest.raises(A.OracleError, match="vllm.engine"):
             synth_oracle(rel)
 
 
 def test_an_env_var_without_a_default_fails_loudly(tmp_path):
     files = fa_utils_with("if envs.VLLM_BATCH_INVARIANT:", "if envs.VLLM_SOMETHING_NEW:")
-    with O.open_release(write_tree(tmp_path, files=files)) as rel:
-        with pytest.raises(O.OracleError, match="VLLM_SOMETHING_NEW"):
+    with R.open_release(write_tree(tmp_path, files=files)) as rel:
+        with pytest.raises(A.OracleError, match="VLLM_SOMETHING_NEW"):
             synth_oracle(rel).flash_attn_version(O.FaQuery((9, 0), 128, 128))
 
 
@@ -342,7 +345,7 @@ def test_a_file_that_differs_from_the_record_is_refused(tmp_path):
     root = write_tree(tmp_path)
     p = root / "vllm/v1/attention/backends/fa_utils.py"
     p.write_text(p.read_text() + "\n# edited\n")
-    with O.open_release(root) as rel, pytest.raises(O.OracleError, match="RECORD"):
+    with R.open_release(root) as rel, pytest.raises(A.OracleError, match="RECORD"):
         synth_oracle(rel)
 
 
@@ -353,7 +356,7 @@ def test_a_wheel_file_works_like_its_tree(tmp_path):
         for p in sorted(root.rglob("*")):
             if p.is_file():
                 z.write(p, p.relative_to(root).as_posix())
-    with O.open_release(whl) as rel:
+    with R.open_release(whl) as rel:
         assert rel.wheel_name == whl.name and rel.wheel_sha256 == hashlib.sha256(whl.read_bytes()).hexdigest()
         assert synth_oracle(rel).flash_attn_version(O.FaQuery((9, 0), 128, 128))["version"] == 3
         extracted = rel.root
@@ -363,14 +366,14 @@ def test_a_wheel_file_works_like_its_tree(tmp_path):
 def test_not_a_release(tmp_path):
     (tmp_path / "x.whl").write_text("not a zip")
     for p in (tmp_path / "x.whl", tmp_path):
-        with pytest.raises(O.OracleError), O.open_release(p):
+        with pytest.raises(A.OracleError), R.open_release(p):
             pass
 
 
 # --- the answers file --------------------------------------------------------------------------------------------
 
 def _doc() -> dict:
-    return {"schema": O.ANSWERS_SCHEMA, "vllm": {"version": "9.9.9", "wheel": None, "wheel_sha256": None},
+    return {"schema": A.ANSWERS_SCHEMA, "vllm": {"version": "9.9.9", "wheel": None, "wheel_sha256": None},
             "executed_files": [{"path": "vllm/a.py", "sha256": "0" * 64, "in_record": True}],
             "flash_attn_version": [
                 {"capability": "9.0", "head_size": 128, "head_size_v": 128, "requires_alibi": False,
@@ -382,12 +385,12 @@ def _doc() -> dict:
 
 def test_answers_file_round_trip_stable_text_and_lookup(tmp_path):
     p = tmp_path / "a.json"
-    assert O.write_answers(_doc(), p) is True
-    assert O.write_answers(_doc(), p) is False  # the same answers: the same bytes
+    assert A.write_answers(_doc(), p) is True
+    assert A.write_answers(_doc(), p) is False  # the same answers: the same bytes
     text = p.read_text()
-    assert text == O.dumps_answers(json.loads(text))
+    assert text == A.dumps_answers(json.loads(text))
     assert len([ln for ln in text.splitlines() if '"capability"' in ln]) == 2  # one answer per line
-    a = O.load_answers(p)
+    a = A.load_answers(p)
     assert a.version == "9.9.9" and a.fa((9, 0), 128, 128)["version"] == 3 and a.fa((9, 0), 64, 64) is None
     assert a.mla((9, 0), (128, 64, 128), "bfloat16")["backend"] == "FLASH_ATTN"
 
@@ -395,8 +398,8 @@ def test_answers_file_round_trip_stable_text_and_lookup(tmp_path):
 def test_answers_file_refuses_to_replace_another_file(tmp_path):
     p = tmp_path / "notes.json"
     p.write_text('{"mine": true}\n')
-    with pytest.raises(O.OracleError, match="not a vLLM answers file"):
-        O.write_answers(_doc(), p)
+    with pytest.raises(A.OracleError, match="not a vLLM answers file"):
+        A.write_answers(_doc(), p)
     assert p.read_text() == '{"mine": true}\n'
 
 
@@ -410,19 +413,19 @@ def test_answers_file_errors_name_the_field(tmp_path, edit, match):
     edit(d)
     p = tmp_path / "a.json"
     p.write_text(json.dumps(d))
-    with pytest.raises(O.OracleError, match=match):
-        O.load_answers(p)
+    with pytest.raises(A.OracleError, match=match):
+        A.load_answers(p)
 
 
 def test_cli_writes_answers_and_refuses_a_foreign_file(tmp_path, monkeypatch):
     root = write_tree(tmp_path / "tree")
-    monkeypatch.setattr(O, "EXECUTED", SYNTH_EXECUTED)
+    monkeypatch.setattr(N, "EXECUTED", SYNTH_EXECUTED)
     monkeypatch.setattr(O, "fa_queries", lambda: [O.FaQuery((9, 0), 128, 128), O.FaQuery((8, 0), 64, 64)])
     monkeypatch.setattr(O, "mla_queries", lambda: [O.MlaQuery((10, 0), (128, 64, 128), "bfloat16")])
     out = tmp_path / "answers.json"
     r = CliRunner().invoke(main, ["vllm-answers", "--wheel", str(root), "-o", str(out)])
     assert r.exit_code == 0, r.output
-    a = O.load_answers(out)
+    a = A.load_answers(out)
     assert [x["version"] for x in a.doc["flash_attn_version"]] == [2, 3]  # sorted by capability
     assert {f["path"] for f in a.doc["executed_files"]} >= {"vllm/v1/attention/backends/fa_utils.py"}
     assert all(f["in_record"] for f in a.doc["executed_files"])
@@ -438,11 +441,11 @@ def test_committed_answers_cover_the_comparisons_question_space():
     a = V.default_answers()
     assert a.version == V.PINNED_VLLM
     assert {q.key() for q in O.fa_queries()} == {
-        O.FaQuery(O.parse_capability(r["capability"]), r["head_size"], r["head_size_v"], r["requires_alibi"],
+        O.FaQuery(A.parse_capability(r["capability"]), r["head_size"], r["head_size_v"], r["requires_alibi"],
                   r["has_sinks"], r["requires_softcap"], r["kv_cache_block_size"]).key()
         for r in a.doc["flash_attn_version"]}
     assert {q.key() for q in O.mla_queries()} == {
-        (O.parse_capability(r["capability"]), tuple(r["dims"]), r["dtype"]) for r in a.doc["mla_prefill"]}
+        (A.parse_capability(r["capability"]), tuple(r["dims"]), r["dtype"]) for r in a.doc["mla_prefill"]}
     assert a.doc["vllm"]["wheel_sha256"] and all(f["in_record"] for f in a.doc["executed_files"])
 
 
@@ -452,7 +455,7 @@ WHEEL = os.environ.get("ATTNMATRIX_VLLM_WHEEL")
 @pytest.mark.skipif(not WHEEL, reason="set ATTNMATRIX_VLLM_WHEEL to a vLLM wheel or its extracted tree")
 def test_committed_answers_equal_a_fresh_run_of_the_release():
     committed = V.default_answers().doc
-    with O.open_release(WHEEL) as rel:
+    with R.open_release(WHEEL) as rel:
         assert rel.version == committed["vllm"]["version"]
         fresh = O.run_answers(rel)
     for k in ("flash_attn_version", "mla_prefill", "executed_files"):

@@ -104,14 +104,14 @@ def load_for_reading(proj: project_mod.Project, extra: tuple) -> Evidence:
 
 def render(ev: Evidence, proj: project_mod.Project) -> dict[str, str]:
     """Every generated file (path relative to the checkout -> text) from `ev`."""
-    from attnmatrix.generator import render_all
+    from attnmatrix.engines import render_all
     from attnmatrix.matrix.history import load_snapshot
     from attnmatrix.matrix.policy import resolve
 
     m = resolve(ev)
     meta = {"matrix_id": project_mod.matrix_id(ev, proj.data_dir), "kernel_versions": project_mod.kernel_versions(ev),
             "files": project_mod.relative_files(ev, proj)}
-    from attnmatrix.generator.vllm_rules import answers_file
+    from attnmatrix.engines.vllm.names import answers_file
 
     if answers_file(proj.data_dir).exists():
         meta["vllm_answers"] = str(answers_file(proj.data_dir))

@@ -1,4 +1,4 @@
-"""`attnmatrix vllm-answers`: vLLM's own selection answers, from a pinned vLLM wheel (generator/vllm_oracle.py)."""
+"""`attnmatrix vllm-answers`: vLLM's own selection answers, from a pinned vLLM wheel (engines/vllm/oracle.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import sys
 
 import click
 
-from attnmatrix.generator import vllm_oracle as O
+from attnmatrix.engines.vllm import answers as A
+from attnmatrix.engines.vllm import oracle as O
+from attnmatrix.engines.vllm import release as R
 
 from . import main
 from .common import EXIT_USAGE, locate
@@ -40,18 +42,18 @@ def vllm_answers(wheel: str, output: str | None, root: str | None) -> None:
       attnmatrix generate
     """
     try:
-        with O.open_release(wheel) as release:
+        with R.open_release(wheel) as release:
             click.echo(f"vLLM {release.version} from {release.wheel_name or wheel}", err=True)
             doc = O.run_answers(release, progress=lambda s: click.echo(s, err=True))
-    except O.OracleError as e:
+    except A.OracleError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_USAGE)
     if output is None:
         proj = locate(root, need_checkout=True)
-        output = str(proj.root / O.answers_path(doc["vllm"]["version"]))
+        output = str(proj.root / A.answers_path(doc["vllm"]["version"]))
     try:
-        changed = O.write_answers(doc, output)
-    except O.OracleError as e:
+        changed = A.write_answers(doc, output)
+    except A.OracleError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_USAGE)
     n_fa, n_mla = len(doc["flash_attn_version"]), len(doc["mla_prefill"])

@@ -1,8 +1,9 @@
 """vLLM's choice next to attnmatrix's, for every cell the matrix has evidence for, and the selection regret.
 
-Plain tables for `site/vllm-comparison.md`, built from a ResolvedMatrix (through `generator.tables`' query
-helpers, i.e. `matrix.policy`) and from a pinned vLLM release's own answers (the committed answers file that
-`attnmatrix vllm-answers` writes by running the release's selection code, read through `generator.vllm_rules`).
+Plain tables for `site/vllm-comparison.md` (rendered by `render_page` with this folder's template), built from a
+ResolvedMatrix (through the generator's query seam `generator.tables`, i.e. the query engine) and from a pinned
+vLLM release's own answers (the committed answers file that `attnmatrix vllm-answers` writes by running the
+release's selection code, read through `names.vllm_choice`).
 Nothing is hard-coded about the evidence or about vLLM: regenerate after new results or new answers and the
 page follows.
 
@@ -23,13 +24,15 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
+from attnmatrix.generator import render as R
+from attnmatrix.generator import tables as T
 from attnmatrix.matrix.cases import OPS, feature_name
 from attnmatrix.matrix.policy import SUPPORTED, UNKNOWN, UNSUPPORTED, ResolvedMatrix, arch_sort_key
 
-from . import tables as T
-from . import vllm_oracle as O
-from . import vllm_rules as V
+from . import answers as O
+from . import names as V
 
 FA_DECISION, MLA_DECISION = "FlashAttention version", "MLA prefill backend"
 # Why attnmatrix and vLLM disagree, in page order: (kind, column header, what it means).
@@ -146,7 +149,8 @@ def compare_cell(m: ResolvedMatrix, q: T.Query, vllm_answers: O.Answers) -> Comp
         decision, family = MLA_DECISION, set(T.mla_names(m))
     else:
         decision, family = FA_DECISION, set(T.fa_versions(m))
-    vc = V.vllm_choice(vllm_answers, q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features)
+    vc = V.vllm_choice(vllm_answers, q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features,
+                       V.VllmNames.from_backends(m.backends))
     vq = q
     if vc.pads_v:
         # vLLM pads V up to the QK head size for FA2: the call is then FA2's ordinary varlen prefill at
@@ -377,10 +381,9 @@ def release_info(answers: O.Answers, answers_path: str) -> ReleaseInfo:
                        len(d["flash_attn_version"]), len(d["mla_prefill"]))
 
 
-def mapping_rows() -> list[tuple[str, str]]:
-    rows = [(f"FLASH_ATTN, FA{v}", b) for v, b in sorted(V.FA_VERSION_TO_BACKEND.items())]
-    rows += [(n, b or "none (not probed)") for n, b in sorted(V.VLLM_TO_BACKEND.items())]
-    return rows
+def mapping_rows(m: ResolvedMatrix) -> list[tuple[str, str]]:
+    """vLLM's names and the backends they run, as the matrix's backends declare them."""
+    return V.VllmNames.from_backends(m.backends).rows()
 
 
 def print_regret(m: ResolvedMatrix, answers: O.Answers | None = None) -> str:
@@ -400,3 +403,20 @@ def print_regret(m: ResolvedMatrix, answers: O.Answers | None = None) -> str:
                      + (f" ({kinds})" if kinds else "") + f", {s.not_covered} not covered")
     return "\n".join(lines)
 
+
+
+# --- the page ----------------------------------------------------------------------------------------------
+
+PAGE_PATH = "site/vllm-comparison.md"
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def render_pages(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
+    """{PAGE_PATH: text}: vLLM's choices next to attnmatrix's, the disagreements and the selection regret.
+    vLLM's recorded answers: meta["vllm_answers"] (a path; the checkout's own) or the package's."""
+    answers = O.load_answers(meta["vllm_answers"]) if meta.get("vllm_answers") else V.default_answers()
+    text = R.markdown_env(TEMPLATES).get_template("vllm-comparison.md.j2").render(
+        h=R.header(m, meta), page=comparison_page(m, answers), kinds=KINDS,
+        release=release_info(answers, f"matrix/data/vllm/{Path(answers.path).name}"), mapping=mapping_rows(m),
+        sources=list(V.VLLM_SOURCES), max_rows=DISAGREEMENT_ROWS)
+    return {PAGE_PATH: text}

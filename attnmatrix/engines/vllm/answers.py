@@ -1,0 +1,149 @@
+"""The committed answers of a pinned vLLM release (`matrix/data/vllm/vllm-<version>-answers.json`).
+
+`attnmatrix vllm-answers` writes them (the oracle, `oracle.py`, runs the release's own selection code);
+everything else reads them here: `load_answers` checks the file and indexes it, `write_answers` writes it
+atomically as stable text. Nothing here executes vLLM code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ANSWERS_SCHEMA = "attnmatrix-vllm-answers/1"
+ANSWERS_DIR = "matrix/data/vllm"
+
+
+def answers_path(version: str) -> str:
+    return f"{ANSWERS_DIR}/vllm-{version}-answers.json"
+
+
+class OracleError(RuntimeError):
+    """vLLM's code asked for something the oracle does not provide, or the release/answers file is unusable."""
+
+
+def cap_text(c: tuple[int, int]) -> str:
+    """(9, 0) -> "9.0", as the answers file writes a capability."""
+    return f"{c[0]}.{c[1]}"
+
+
+def parse_capability(s: str) -> tuple[int, int]:
+    """"9.0" -> (9, 0)."""
+    major, _, minor = s.partition(".")
+    return int(major), int(minor)
+
+
+def capability_of(arch: str) -> tuple[int, int]:
+    """`sm_90` -> (9, 0), `sm_120` -> (12, 0)."""
+    n = arch[3:].rstrip("af")
+    return int(n[:-1]), int(n[-1])
+
+
+def fa_params(features: Iterable[str]) -> dict:
+    """The get_flash_attn_version arguments a matrix feature set stands for (the others do not enter it)."""
+    from attnmatrix.matrix.cases import feature_name
+
+    names = {feature_name(f): f for f in features}
+    block = names.get("paged_kv")
+    return {"requires_alibi": "alibi" in names, "has_sinks": "sinks" in names,
+            "requires_softcap": "softcap" in names,
+            "kv_cache_block_size": int(block.partition(":")[2]) if block else None}
+
+
+# --- the answers file ---------------------------------------------------------------------------------------
+
+def dumps_answers(doc: dict) -> str:
+    """Stable text: sorted keys, one answer per line, so one changed answer changes one line."""
+    keys = sorted(doc)
+    lines = ["{"]
+    for i, k in enumerate(keys):
+        comma = "," if i < len(keys) - 1 else ""
+        v = doc[k]
+        if isinstance(v, list):
+            lines.append(f"  {json.dumps(k)}: [")
+            lines += [f"    {json.dumps(r, sort_keys=True, ensure_ascii=False)}" + ("," if j < len(v) - 1 else "")
+                      for j, r in enumerate(v)]
+            lines.append(f"  ]{comma}")
+        else:
+            lines.append(f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True, ensure_ascii=False)}{comma}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def is_answers_file(path: str | os.PathLike) -> bool:
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("schema") == ANSWERS_SCHEMA
+
+
+def write_answers(doc: dict, path: str | os.PathLike) -> bool:
+    """Atomic write. Refuses (OracleError) to replace a file that is not an answers file. True if changed."""
+    from attnmatrix.matrix.storage import atomic_write_text
+
+    p = Path(path)
+    if p.exists() and not is_answers_file(p):
+        raise OracleError(f"{p}: exists and is not a vLLM answers file (schema {ANSWERS_SCHEMA}); not replacing it")
+    return atomic_write_text(p, dumps_answers(doc))
+
+
+@dataclass(frozen=True)
+class Answers:
+    """A committed answers file, indexed for lookups."""
+
+    path: str
+    doc: dict
+
+    @property
+    def version(self) -> str:
+        return self.doc["vllm"]["version"]
+
+    def fa(self, capability: tuple[int, int], head_size: int, head_size_v: int, **params: Any) -> dict | None:
+        return self._fa.get((cap_text(capability), head_size, head_size_v, params.get("requires_alibi", False),
+                             params.get("has_sinks", False), params.get("requires_softcap", False),
+                             params.get("kv_cache_block_size")))
+
+    def mla(self, capability: tuple[int, int], dims: tuple[int, int, int], dtype: str) -> dict | None:
+        return self._mla.get((cap_text(capability), tuple(dims), dtype))
+
+    @property
+    def _fa(self) -> dict:
+        return self.__dict__.setdefault("_fa_index", {
+            (r["capability"], r["head_size"], r["head_size_v"], r["requires_alibi"], r["has_sinks"],
+             r["requires_softcap"], r["kv_cache_block_size"]): r for r in self.doc["flash_attn_version"]})
+
+    @property
+    def _mla(self) -> dict:
+        return self.__dict__.setdefault("_mla_index", {
+            (r["capability"], tuple(r["dims"]), r["dtype"]): r for r in self.doc["mla_prefill"]})
+
+
+REQUIRED = {"schema", "vllm", "executed_files", "flash_attn_version", "mla_prefill"}
+FA_FIELDS = {"capability", "head_size", "head_size_v", "requires_alibi", "has_sinks", "requires_softcap",
+             "kv_cache_block_size", "version", "log"}
+MLA_FIELDS = {"capability", "dims", "dtype", "priorities", "refused", "backend", "fa_version", "pads_v", "log"}
+
+
+def load_answers(path: str | os.PathLike) -> Answers:
+    """Read and check an answers file; OracleError names the file, record and field that is wrong."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise OracleError(f"{p}: unreadable vLLM answers file: {e}") from e
+    if not isinstance(doc, dict) or doc.get("schema") != ANSWERS_SCHEMA:
+        raise OracleError(f"{p}: schema is not {ANSWERS_SCHEMA}")
+    missing = REQUIRED - set(doc)
+    if missing:
+        raise OracleError(f"{p}: missing fields {', '.join(sorted(missing))}")
+    for kind, fields in (("flash_attn_version", FA_FIELDS), ("mla_prefill", MLA_FIELDS)):
+        for i, r in enumerate(doc[kind]):
+            if not isinstance(r, dict) or fields - set(r):
+                lack = sorted(fields - set(r)) if isinstance(r, dict) else ["(not an object)"]
+                raise OracleError(f"{p}: {kind}[{i}]: missing {', '.join(lack)}")
+    return Answers(str(p), doc)
