@@ -22,7 +22,8 @@ vllm/vllm_flash_attn/flash_attn_interface.py, the `fa_version == 4` branch), wit
 
 vLLM's call profile (what its FLASH_ATTN decoder backend passes, vllm-project/vllm v0.33.0):
 
-- the KV cache is always paged: the forward's varlen call passes `block_table` and `seqused_k` for
+- the KV cache is always paged (attention ops; MLA prefill passes gathered K/V with `cu_seqlens_k`):
+  the forward's varlen call passes `block_table` and `seqused_k` for
   prefill and decode alike (vllm/v1/attention/backends/flash_attn.py:1404-1430). On the dedicated hd256
   path a case without paged KV is therefore run as vLLM runs it, on 128-token kernel pages with
   `seqused_k`; a paged case whose block size is a multiple of 128 is split into 128-token kernel pages
@@ -190,6 +191,8 @@ def vllm_paging(p: Problem) -> tuple[int | None, int | None]:
     unpaged call (vLLM's attention without a KV cache)."""
     c = p.case
     block = c.page_size if c.has("paged_kv") else None
+    if c.op == "mla_prefill":  # vLLM's MLA prefill passes gathered K/V with cu_seqlens_k, no block table
+        return block, block
     if c.has("fp8") and _arch_major() == 9:
         return block or SM90_FP8_KV_PAGE_SIZE, SM90_FP8_KV_PAGE_SIZE if block is None else block
     if _is_hd256_path(p):
@@ -223,7 +226,7 @@ def build_vllm_call(p: Problem) -> FA4Call:
     }
     post: Callable[[torch.Tensor], torch.Tensor] = lambda out: out  # noqa: E731
     block, page = vllm_paging(p)
-    dequant = c.has("fp8") and _arch_major() == 9
+    dequant = c.has("fp8") and _arch_major() == 9 and c.op != "mla_prefill"
     if dequant and p.descale is not None and p.q.dtype != p.out_dtype:
         # vLLM's SM90 fp8 KV cache: the query is not quantized. Its values are the fp8 ones times the
         # descale (exact in bf16/fp16: a power of two times an e4m3 value), so the reference is unchanged.

@@ -67,6 +67,37 @@ def test_hd256_gets_vllms_page_aligned_length_and_no_splitkv(monkeypatch):
     assert _call(monkeypatch, "sm_100a", "causal", "paged_kv:128", hd=128).kwargs["num_splits"] == 0
 
 
+def test_hd256_in_vllms_profile_is_always_paged_in_128_token_kernel_pages(monkeypatch):
+    # vLLM's decoder always passes block_table + seqused_k (flash_attn.py), so a window reaches the kernel with
+    # seqused_k; a 256-token cache block is two 128-token kernel pages (fa_utils.py), in order.
+    call = _call(monkeypatch, "sm_100a", "sliding_window", hd=256)
+    kw = call.kwargs
+    assert kw["seqused_k"].tolist() == [300, 300] and call.args[1].shape[1] == 128 and kw["num_splits"] == 1
+    case = Case("sm_100a", "vllm_fa4", "prefill", "bfloat16", 256, 256, ("causal", "paged_kv:256"))
+    p = make_problem(case, VALIDATION_SHAPES["prefill"])
+    call = vllm_fa4.build_vllm_call(p)
+    k, table = call.args[1], call.kwargs["page_table"]
+    assert k.shape[1] == 128 and table.shape[1] == 3 and call.kwargs["max_seqlen_k"] == 384
+    gathered = k[table[1].long()].reshape(-1, *k.shape[2:])[:300]
+    assert torch.equal(gathered, p.k[1])  # the kernel pages hold sequence 1's keys in order
+    with pytest.raises(Unsupported, match="block size 16: it falls back to FA2"):
+        _call(monkeypatch, "sm_100a", "causal", "paged_kv:16", hd=256)
+    # MLA prefill keeps vLLM's gathered K/V (no block table)
+    assert "page_table" not in _call(monkeypatch, "sm_100a", "causal", "qk_rope:0", hd=256, op="mla_prefill").kwargs
+
+
+def test_sm90_fp8_is_vllms_fp8_kv_cache_bf16_query_and_in_kernel_dequant(monkeypatch):
+    call = _call(monkeypatch, "sm_90a", "causal", "fp8", hd=512)
+    kw = call.kwargs
+    q, k, v = call.args
+    assert q.dtype == torch.bfloat16 and k.dtype == v.dtype == torch.float8_e4m3fn
+    assert kw["fp8_kv_dequant"] is True and "q_descale" not in kw and kw["k_descale"].shape == (2, 8)
+    assert k.shape[1] == vllm_fa4.SM90_FP8_KV_PAGE_SIZE and kw["seqused_k"].tolist() == [300, 300]
+    # on SM100 vLLM quantizes the query too: fp8 Q/K/V with three descales, no dequant flag
+    kw100 = _call(monkeypatch, "sm_100a", "causal", "fp8").kwargs
+    assert "fp8_kv_dequant" not in kw100 and "q_descale" in kw100
+
+
 def test_features_map_to_vllms_arguments(monkeypatch):
     kw = _call(monkeypatch, "sm_100a", "sliding_window").kwargs
     assert kw["window_size_left"] > 0 and kw["window_size_right"] == 0
