@@ -22,7 +22,8 @@ Mapping of the `Problem` (TRT-LLM's fused scales, after FlashInfer's docstrings)
   `window_left`, any other finite right edge is `Unsupported`. The context API also takes
   `window_right`.
 - sinks -> `attention_sinks` / `sinks` (fp32, one logit per query head).
-- No entry point has a softcap or an ALiBi parameter: those cases are `Unsupported`.
+- No entry point has a softcap or an ALiBi parameter: those cases are `Unsupported`. The ragged entry
+  point takes no block table: a paged KV case is `Unsupported` there.
 
 Head dims, dtypes, page sizes and GQA ratios are passed as they are: FlashInfer refuses what it
 does not build, in its own words (e.g. the ragged kernel's head-dim assertion, XQA's page-size
@@ -79,6 +80,10 @@ def _max_q(p: Problem) -> int:
 
 def prepare_ragged(p: Problem) -> Callable[[], torch.Tensor]:
     _no_softcap_alibi(p, RAGGED)
+    if p.case.has("paged_kv"):
+        # Running it on packed K/V would pass without paging anything: the case would claim what was not tested.
+        raise Unsupported(f"{RAGGED} takes no block table: K/V are packed ragged tensors, so a paged KV cache "
+                          "cannot be expressed")
     causal, left = causal_and_left(p, RAGGED)
     pre = importlib.import_module(f"{MODULE}.prefill")
     q, k, v, cu_q, cu_k = p.packed()

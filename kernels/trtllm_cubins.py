@@ -28,7 +28,8 @@ heuristic that picks among them is not modelled, so a `shipped` cell is as stron
 run. A cell with no such kernel is `rejected`, in the loader's own terms ("Trtllm-gen kernels not
 found" with the attribute values), and the reason says which values the table does have. Cells the
 backend's API cannot express at all (softcap, ALiBi, a non-decode op on the decode entry point, head
-dims that differ on the decode entry point) get no record here: the table says nothing about them.
+dims that differ on the decode entry point, paged KV on the ragged entry point, which takes no block
+table) get no record here: the table says nothing about them.
 
 Versioning: the table belongs to one `flashinfer-cubin` release (`kernel_version`), and FlashInfer
 loads it only at the same version: `flashinfer.jit.env._get_cubin_dir` raises unless
@@ -252,6 +253,8 @@ def query_for(case: Case) -> Query | None:
         return None
     if case.backend not in BACKENDS or case.arch not in SM_COMPATIBLE:
         return None
+    if case.backend == "trtllm_ragged" and "paged_kv" in names:
+        return None  # the ragged entry point takes no block table: a paged call cannot be made, whatever the table
     fp8 = "fp8" in names
     dtype_in = FP8 if fp8 else DTYPE[case.dtype]
     window = "sliding_window" in names

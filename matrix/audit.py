@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import re
 
+from .cases import feature_name
 from .evidence import Evidence
+from .machine_paths import machine_paths
+from .records import POSITIVE_OUTCOMES
 from .storage import Problem
 
 # A citation of vLLM itself: its repository (not vllm-project/flash-attention, its kernel fork) or its wheel.
@@ -61,7 +64,42 @@ def check_cited_backend(ev: Evidence) -> list[Problem]:
     return problems
 
 
-CHECKS = (check_cited_backend,)
+def _split(where: str) -> tuple[str, int | None]:
+    f, _, n = where.rpartition(":")
+    if f and n.isdigit():
+        return f, int(n)
+    return where.split("#", 1)[0], None
+
+
+def check_page_table(ev: Evidence) -> list[Problem]:
+    """A backend whose entry point takes no block table (backends.json `page_table: false`) cannot be supported
+    with paged KV: no record may claim it. A reader that drops the page size from such a call (the cubin ingest
+    once looked trtllm_ragged's paged cells up as ragged ones) would otherwise report a call nobody can make."""
+    problems = []
+    for rec, where in zip(ev.records, ev.where, strict=True):
+        if rec.outcome not in POSITIVE_OUTCOMES or ev.backends.get(rec.case.backend, {}).get("page_table", True):
+            continue
+        if any(feature_name(t) == "paged_kv" for t in rec.case.features):
+            f, line = _split(where)
+            problems.append(Problem(f, line, "outcome", f"{rec.case.backend} takes no block table (backends.json "
+                                    f"page_table: false), yet this paged KV cell is {rec.outcome!r}", rec.key))
+    return problems
+
+
+def check_no_machine_paths(ev: Evidence) -> list[Problem]:
+    """No reason carries a path of the machine that wrote it (a cache, a checkout, a home directory): it says
+    where a probe ran, not what the kernel does (matrix/machine_paths.py; writing a record cuts them)."""
+    problems = []
+    for rec, where in zip(ev.records, ev.where, strict=True):
+        paths = machine_paths(rec.reason)
+        if paths:
+            f, line = _split(where)
+            problems.append(Problem(f, line, "reason", f"carries a machine path ({paths[0]}); rewrite the file "
+                                    "through attnmatrix (matrix/storage.py dump_record cuts such paths)", rec.key))
+    return problems
+
+
+CHECKS = (check_cited_backend, check_page_table, check_no_machine_paths)
 
 
 def audit(ev: Evidence) -> list[Problem]:

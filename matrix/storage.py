@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .machine_paths import scrub_machine_paths
 from .records import Record, RecordError, parse_record
 
 
@@ -94,12 +95,16 @@ def read_records(path: str | os.PathLike, *, problems: list[Problem] | None = No
 
 
 def dump_record(rec: Record) -> str:
-    """One canonical line: sorted keys, no spaces, so equal records are equal bytes."""
-    line = json.dumps(rec.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """One canonical line: sorted keys, no spaces, so equal records are equal bytes. The reason keeps no path of
+    the machine that wrote it (machine_paths.py): what a kernel says must read the same from every machine."""
+    d = rec.to_dict()
+    if "reason" in d:
+        d["reason"] = scrub_machine_paths(d["reason"])
+    line = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     try:
         line.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate (valid JSON escape "\ud800", not UTF-8): keep it escaped
-        line = json.dumps(rec.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+        line = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     return line
 
 

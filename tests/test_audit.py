@@ -82,3 +82,52 @@ def test_mla_prefill_follows_the_pinned_vllm_release_everywhere() -> None:
         ours = get_mla_prefill_backend_priorities(cap, *r["dims"])
         assert ours[:1] == [r["backend"]], (r["capability"], r["dims"], ours, r["backend"])
         assert [n for n in r["priorities"] if n in ours] == ours, (r["capability"], r["dims"], ours, r["priorities"])
+
+
+# --- an API that takes no page table cannot be supported with paged KV ----------------------------------------------
+
+
+def test_no_page_table_backend_cannot_pass_with_paged_kv(make_rec) -> None:
+    shipped = parse_record({"schema": 1, "tier": "shipped", "outcome": "shipped", "reason": "kernel k",
+                            "case": {"arch": "sm_100", "backend": "trtllm_ragged", "op": "prefill",
+                                     "dtype": "bfloat16", "head_dim": 192, "head_dim_v": 128,
+                                     "features": ["causal", "paged_kv:64"]},
+                            "provenance": {"library": "flashinfer-cubin", "kernel_version": "0.6.13",
+                                           "date": "2026-06-24"}, "sources": ["pypi:flashinfer-cubin==0.6.13:x.h#L1"]})
+    (p,) = A.check_page_table(Evidence(records=[shipped], where=["x.jsonl:3"], backends=BACKENDS))
+    assert (p.file, p.line, p.field) == ("x.jsonl", 3, "outcome") and "takes no block table" in p.message
+    refused = make_rec(backend="trtllm_ragged", features=("causal", "paged_kv:64"), outcome="rejected", reason="no")
+    unpaged = make_rec(backend="trtllm_ragged", features=("causal",))
+    fa2 = make_rec(backend="fa2", features=("causal", "paged_kv:256"))  # fa2 takes a block table
+    ev = Evidence(records=[refused, unpaged, fa2], where=["a:1", "a:2", "a:3"], backends=BACKENDS)
+    assert A.check_page_table(ev) == []
+
+
+# --- no reason text carries a machine path --------------------------------------------------------------------------
+
+
+def test_machine_paths_are_found_and_cut() -> None:
+    from attnmatrix.matrix.machine_paths import machine_paths, scrub_machine_paths
+
+    text = ("cubins are not installed (/root/.cache/flashinfer/cubins/f500/fmha/checksums.txt is missing); "
+            "File \"/work/main/kernels/worker.py\"; `/usr/local/cuda/bin/nvcc`; "
+            "/opt/venv/lib/python3.12/site-packages/flashinfer/jit/core.py")
+    assert len(machine_paths(text)) == 4
+    cut = scrub_machine_paths(text)
+    assert machine_paths(cut) == []
+    assert "<cache>/flashinfer/cubins/f500/fmha/checksums.txt" in cut and "<...>/kernels/worker.py" in cut
+    assert "<site-packages>/flashinfer/jit/core.py" in cut and "<...>/bin/nvcc" in cut
+    clean = "see https://github.com/a/b, SM100/SM110, q/k/v, head_dim / 8, flash_attn/cute/interface.py#L1"
+    assert machine_paths(clean) == [] and scrub_machine_paths(clean) == clean
+
+
+def test_a_machine_path_in_a_reason_is_a_problem_and_writing_cuts_it(make_rec, tmp_path) -> None:
+    from attnmatrix.matrix.storage import read_records, write_records
+
+    rec = make_rec(outcome="unavailable", reason="cubins are not installed (/root/.cache/fi/cubins/x.txt is missing)")
+    (p,) = A.check_no_machine_paths(Evidence(records=[rec], where=["r.jsonl:7"], backends=BACKENDS))
+    assert (p.file, p.line, p.field) == ("r.jsonl", 7, "reason")
+    write_records(tmp_path / "r.jsonl", [rec])
+    ((_, back),) = read_records(tmp_path / "r.jsonl")
+    assert back.reason == "cubins are not installed (<cache>/fi/cubins/x.txt is missing)"
+    assert A.check_no_machine_paths(Evidence(records=[back], where=["r.jsonl:1"], backends=BACKENDS)) == []

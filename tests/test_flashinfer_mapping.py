@@ -429,6 +429,7 @@ def test_flashinfer_paged_prefill_sinks_and_alibi(fake):
     ("trtllm_decode", "decode", ("causal", "softcap"),
      "trtllm_batch_decode_with_kv_cache has no parameter for a logits softcap"),
     ("trtllm_decode", "prefill", ("causal",), "is a decode entry point"),
+    ("trtllm_ragged", "prefill", ("causal", "paged_kv:64"), "trtllm_ragged_attention_deepseek takes no block table"),
     ("flashinfer", "prefill", ("causal", "sinks"), "BatchPrefillWithRaggedKVCacheWrapper.run has no attention-sink"),
 ])
 def test_unsupported(fake, backend, op, features, words):

@@ -141,6 +141,10 @@ def test_what_the_api_cannot_express_gets_no_record(table):
     assert rec(table, "sm_100", "trtllm_decode", "prefill", "bfloat16", 128, 128, "causal") is None
     assert rec(table, "sm_100", "trtllm_decode", "decode", "bfloat16", 192, 128, "causal") is None
     assert rec(table, "sm_90", "trtllm_ragged", "prefill", "bfloat16", 192, 128, "causal") is None
+    # the ragged entry point takes no block table: a paged lookup is never made, whatever kernels the table has
+    for page in (16, 64, 128, 256):
+        assert rec(table, "sm_100", "trtllm_ragged", "prefill", "bfloat16", 192, 128, "causal",
+                   f"paged_kv:{page}") is None
 
 
 def test_records_are_valid_and_round_trip(table):
