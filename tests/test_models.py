@@ -102,3 +102,50 @@ def test_unreadable_and_unknown(tmp_path):
         load_models(p)
     with pytest.raises(ModelError, match=r"model 'gemma-9': no such preset \(known: deepseek-v3, "):
         get_model("gemma-9")
+
+
+# --- `attnmatrix explain --model`: per layer type, through the one query engine ---------------------------------
+
+def _explain(*args: str):
+    from click.testing import CliRunner
+
+    from attnmatrix.cli import main
+
+    return CliRunner().invoke(main, ["explain", *args])
+
+
+@pytest.mark.slow
+def test_explain_model_answers_each_layer_type_through_the_engine():
+    from attnmatrix.generator import tables as T
+    from attnmatrix.matrix.evidence import load_evidence
+    from attnmatrix.matrix.policy import resolve
+
+    r = _explain("--arch", "sm_90", "--model", "gemma-2-9b", "--json")
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    assert (j["model"], j["tp"], j["config"]) == ("gemma-2-9b", 1, "google/gemma-2-9b-it config.json")
+    assert [ly["type"] for ly in j["layers"]] == ["local", "global"]
+    m = resolve(load_evidence())
+    for ly, preset in zip(j["layers"], get_model("gemma-2-9b").layers, strict=True):
+        assert [q["op"] for q in ly["queries"]] == ["prefill", "decode"]
+        for q in ly["queries"]:
+            assert ("sliding_window" in q["features"]) == (ly["type"] == "local")
+            assert "softcap" in q["features"] and "gqa" in q["features"]
+            expect = T.make_query("sm_90", 256, 256, op=q["op"], **preset.query_params(q["op"]))
+            assert q["order"] == [a.backend for a in T.query(m, expect)[0]]  # the engine's answer, not a copy
+            refused = [b for b, a in q["backends"].items() if a["status"] != "supported"]
+            assert refused and all(q["backends"][b]["reasons"] for b in refused)
+    text = _explain("--arch", "sm_90", "--model", "deepseek-v3", "--tp", "8")
+    assert text.exit_code == 0, text.output
+    assert "16 query / 16 KV heads per GPU at tp=8" in text.stdout
+    assert "mla_prefill bfloat16 head 192x128 features causal+qk_rope:64" in text.stdout
+
+
+def test_explain_model_usage_errors():
+    assert "no preset 'gemma-9'" in _explain("--arch", "sm_90", "--model", "gemma-9").output
+    r = _explain("--arch", "sm_90", "--model", "gemma-2-9b", "--tp", "3")
+    assert r.exit_code == 2 and "do not split over tp=3" in r.output
+    r = _explain("--arch", "sm_90", "--model", "gemma-2-9b", "--head-size", "128", "--softcap")
+    assert r.exit_code == 2 and "leave out --head-size, --softcap" in r.output
+    assert _explain("--arch", "sm_90", "--tp", "2", "--head-size", "128").exit_code == 2
+    assert _explain("--arch", "sm_90").exit_code == 2  # neither --head-size nor --model

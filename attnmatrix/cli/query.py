@@ -100,7 +100,8 @@ def show(arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier,
 @main.command()
 @click.option("--arch", help="e.g. sm_90 or sm_100a.")
 @click.option("--capability", help="Compute capability, e.g. 9.0 (alternative to --arch).")
-@click.option("--head-size", type=int, required=True, callback=head_size_callback)
+@click.option("--head-size", type=int, default=None, callback=head_size_callback,
+              help="Query/key head size (required unless --model).")
 @click.option("--head-size-v", type=int, default=None, callback=head_size_callback,
               help="V head size if different (MLA: 128 for 192).")
 @click.option("--op", type=click.Choice(OPS), default="prefill", show_default=True)
@@ -108,14 +109,25 @@ def show(arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier,
 @_feature_options
 @click.option("--results", "extra", multiple=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
-def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json, **features) -> None:
-    """For one query: the backends in order, and for every other backend every reason and its evidence."""
+@click.option("--model", default=None, help="A model preset (matrix/data/models.json): answer for each of its "
+              "attention layer types instead of one query (no --head-size or feature options).")
+@click.option("--tp", type=int, default=None, help="With --model: the tensor-parallel split (heads per GPU); "
+              "default the preset's typical one.")
+def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json, model, tp, **features) -> None:
+    """For one query: the backends in order, and for every other backend every reason and its evidence.
+    With --model: the same for each attention layer type of a real model (its heads, head dims, window, softcap,
+    sinks, MLA dims), e.g. `attnmatrix explain --arch sm_90 --model gemma-2-9b --tp 2`."""
     if not arch and not capability:
         raise UsageError("give --arch or --capability")
     try:
         arch = normalize_arch(arch or capability)
     except CaseError as e:
         raise UsageError(str(e)) from None
+    if model is not None or tp is not None:
+        _explain_model(arch, model, tp, op, dtype, extra, as_json)
+        return
+    if head_size is None:
+        raise UsageError("give --head-size (or --model)")
     from attnmatrix.generator import tables as T
 
     try:
@@ -165,3 +177,31 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
                 click.echo(f"    source: {s}")
             for cf in c.conflicts:
                 click.echo(f"    conflict: {cf}")
+
+
+def _explain_model(arch: str, model: str | None, tp: int | None, op: str, dtype: str, extra, as_json: bool) -> None:
+    """`explain --model`: refuses the one-query options, then answers per layer type (cli/model_explain.py)."""
+    from click.core import ParameterSource
+
+    from attnmatrix.matrix.models import ModelError
+
+    from .model_explain import echo_model_answers, load_model, model_answers
+
+    if model is None:
+        raise UsageError("--tp goes with --model")
+    ctx = click.get_current_context()
+    query_opts = [p for p in ctx.params if p not in {"arch", "capability", "op", "dtype", "extra", "as_json", "model",
+                                                       "tp"}]
+    given = [p for p in query_opts if ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE]
+    if given:
+        names = ", ".join("--" + p.replace("_", "-") for p in given)
+        raise UsageError(f"--model answers from the preset's layers; leave out {names}")
+    proj = locate(say=False)
+    preset = load_model(model, proj.data_dir)
+    try:
+        split = preset.check_tp(preset.tp if tp is None else tp)
+    except ModelError as e:
+        raise UsageError(f"--tp: {e}") from None
+    only_op = op if ctx.get_parameter_source("op") == ParameterSource.COMMANDLINE else None
+    m = resolve(load_for_reading(proj, extra))
+    echo_model_answers(model_answers(m, preset, split, arch, dtype, only_op), as_json)
