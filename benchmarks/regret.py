@@ -129,7 +129,17 @@ def sweep(args: argparse.Namespace) -> int:
     else:
         arch, device_name = "cpu", "cpu"
     layers = W.load_presets(presets_path(args.presets))
-    work = [(ly, op) for ly in layers for op in ly.ops()]
+    # Layers the kernel cannot tell apart (same heads, head dims, features, window) are timed once; the row
+    # names every layer it stands for (`layers`).
+    same: dict[tuple, list[str]] = {}
+    work = []
+    for ly in layers:
+        for op in ly.ops():
+            sig = (op, ly.heads_q, ly.heads_kv, ly.head_dim, ly.head_dim_v, ly.features(op), ly.window)
+            if sig not in same:
+                same[sig] = []
+                work.append((ly, op, same[sig]))
+            same[sig].append(ly.name)
     i, n = (int(x) for x in args.shard.split("/"))
     work = work[i::n]
     out = Path(args.output)
@@ -145,9 +155,10 @@ def sweep(args: argparse.Namespace) -> int:
             why = backend.availability()
             version = backend.version()
             passed = []
-            for layer, op in work:
+            for layer, op, names in work:
                 case = case_for(layer, op, name, arch)
-                base = {"backend": name, "kernel_version": version, "layer": layer.name, "op": op, "case": case.key,
+                base = {"backend": name, "kernel_version": version, "layer": layer.name, "layers": names, "op": op,
+                        "case": case.key,
                         "heads_q": layer.heads_q, "heads_kv": layer.heads_kv, "profile": profile_of(name),
                         "device": device_name, "arch": arch}
                 if why:
@@ -208,6 +219,11 @@ def geomean(xs: list[float]) -> float | None:
 def quantile(xs: list[float], q: float) -> float | None:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
+def expand(rows: list[dict]) -> list[dict]:
+    """One row per layer a timed row stands for (`layers`: layers the kernel cannot tell apart)."""
+    return [{**r, "layer": name} for r in rows for name in (r.get("layers") or [r["layer"]])]
 
 
 def analyse(rows: list[dict], today: dict[tuple, list[str]] | None = None) -> dict:
@@ -296,7 +312,7 @@ def today_orders(rows: list[dict]) -> dict[tuple, list[str]]:
 
 
 def report(args: argparse.Namespace) -> int:
-    rows = read_rows(args.files)
+    rows = expand(read_rows(args.files))
     result = analyse(rows, today_orders(rows))
     result["files"] = [str(Path(p)) for p in args.files]
     text = json.dumps(result, indent=1, sort_keys=True) + "\n"
