@@ -99,7 +99,51 @@ def check_no_machine_paths(ev: Evidence) -> list[Problem]:
     return problems
 
 
-CHECKS = (check_cited_backend, check_page_table, check_no_machine_paths)
+MASK_FEATURES = frozenset({"causal"})
+
+
+def _mask(features) -> frozenset:
+    return frozenset(t for t in features if feature_name(t) in MASK_FEATURES)
+
+
+def check_refusal_covers_kernel(ev: Evidence) -> list[Problem]:
+    """A declared refusal that overrules a kernel's own evidence (compiled or shipped) at a feature set speaks of
+    that kernel, so it overrules every cell the kernel answers with those features and more, on the same mask:
+    a fact refusing `causal` at a head size while `causal+gqa` stays supported from the very kernel it overrules
+    gives contradicting answers. Widen the fact's scope, or narrow it to what the source refuses."""
+    from .policy import SUPPORTED, UNSUPPORTED, resolve  # policy imports evidence; imported here, when run
+
+    m = resolve(ev)
+    fact_file = {r.provenance.get("declared_id"): w.split("#", 1)[0] for r, w in zip(ev.records, ev.where, strict=True)
+                 if r.tier == "declared"}
+    blocks: dict[tuple, list] = {}
+    for cell in m.cells.values():
+        c = cell.case
+        blocks.setdefault((c.arch, c.backend, c.op, c.dtype, c.head_dim, c.head_dim_v), []).append(cell)
+    problems = []
+    for cells in blocks.values():
+        for refused in cells:
+            w = refused.winner
+            if refused.status != UNSUPPORTED or w is None or w.tier != "declared":
+                continue
+            kernel = {r.tier for r in refused.evidence
+                      if r.outcome in POSITIVE_OUTCOMES and r.tier in ("compiled", "shipped")}
+            if not kernel:
+                continue
+            feats = set(refused.case.features)
+            for other in cells:
+                if (other.status == SUPPORTED and other.tier in kernel and feats < set(other.case.features)
+                        and _mask(other.case.features) == _mask(refused.case.features)):
+                    fid = w.provenance.get("declared_id", "?")
+                    problems.append(Problem(
+                        fact_file.get(fid, "declared"), None, f"facts[{fid}].feature_sets",
+                        f"refuses {'+'.join(sorted(feats)) or 'no features'} over the {other.tier} kernel, but "
+                        f"{'+'.join(other.case.features)} stays supported from it: the refusal must cover it too",
+                        other.case.key))
+    return problems
+
+
+CHECKS = (check_cited_backend, check_page_table, check_no_machine_paths, check_refusal_covers_kernel)
 
 
 def audit(ev: Evidence) -> list[Problem]:

@@ -131,3 +131,30 @@ def test_a_machine_path_in_a_reason_is_a_problem_and_writing_cuts_it(make_rec, t
     ((_, back),) = read_records(tmp_path / "r.jsonl")
     assert back.reason == "cubins are not installed (<cache>/fi/cubins/x.txt is missing)"
     assert A.check_no_machine_paths(Evidence(records=[back], where=["r.jsonl:1"], backends=BACKENDS)) == []
+
+
+# --- a declared refusal that overrules a kernel overrules every cell that kernel answers ----------------------------
+
+
+def _shipped(features, outcome="shipped"):
+    return parse_record({"schema": 1, "tier": "shipped", "outcome": outcome, "reason": "kernel k",
+                         "case": {"arch": "sm_100", "backend": "trtllm_context", "op": "prefill", "dtype": "bfloat16",
+                                  "head_dim": 80, "head_dim_v": 80, "features": list(features)},
+                         "provenance": {"library": "flashinfer-cubin", "kernel_version": "0.6.13",
+                                        "date": "2026-06-24"},
+                         "sources": ["pypi:flashinfer-cubin==0.6.13:x.h#L1"]})
+
+
+def test_a_refusal_over_a_kernel_must_cover_its_other_cells(make_record) -> None:
+    fact = _declared(make_record, "trtllm_context", ["NVIDIA/TensorRT-LLM@abc:trtllm_gen.py#L1"], arch="sm_100",
+                     head_dim=80, features=("causal",), outcome="rejected", reason="[Context] Head size 80")
+    recs = [fact, _shipped(("causal",)), _shipped(("causal", "gqa")), _shipped(())]
+    ev = Evidence(records=recs, where=["declared.json#test-fact", "s:1", "s:2", "s:3"], backends=BACKENDS)
+    (p,) = A.check_refusal_covers_kernel(ev)  # causal+gqa; the dense cell () is another mask, not covered
+    assert p.record.endswith("causal+gqa") and p.field == "facts[test-fact].feature_sets" and p.file == "declared.json"
+    wider = [_declared(make_record, "trtllm_context", ["NVIDIA/TensorRT-LLM@abc:trtllm_gen.py#L1"], arch="sm_100",
+                       head_dim=80, features=f, outcome="rejected", reason="no")
+             for f in (("causal",), ("causal", "gqa"))]
+    ev = Evidence(records=[*wider, *recs[1:]], where=["d#test-fact", "d#test-fact", "s:1", "s:2", "s:3"],
+                  backends=BACKENDS)
+    assert A.check_refusal_covers_kernel(ev) == []
