@@ -41,11 +41,12 @@ from attnmatrix.vocabulary import (
 )
 
 from . import tables as T
+from .gpus import load_gpus
 
 CELLS_DIR = "site/data"  # the per-cell JSON files: site/data/<arch>/<backend>.json
-CELLS_SCHEMA = "attnmatrix.cells/2"
+CELLS_SCHEMA = "attnmatrix.cells/3"
 REASON_PREVIEW = 240  # characters of a reason shown on a page; the JSON keeps the whole text
-UNKNOWN_TIER_MARK = "❓"
+UNKNOWN_TIER_MARK = "?"
 
 
 # --- formatting -------------------------------------------------------------------------------------
@@ -186,7 +187,7 @@ class Item:
 class CapabilityRow:
     backend: str
     label: str
-    evidence: list[tuple[str, int]]  # (mark, cell count), strongest first, then ❌ and ❔
+    evidence: list[tuple[str, int]]  # (mark, cell count), strongest first, then X and ?
     ops: list[str]
     dtypes: list[Item]
     head_sizes: list[Item]
@@ -362,8 +363,8 @@ def _item_claims(cells: list[ResolvedCell], item_of, sort_key, all_archs: list[s
 
 
 def _feature_claims(cells: list[ResolvedCell], feature: str, archs: list[str]) -> list[Claim]:
-    """A feature column: per arch, the strongest tier of a supported cell with the feature, else ❌ if one was
-    unsupported, else ❔ if only unknown; archs without any such cell are left out. Grouped by mark."""
+    """A feature column: per arch, the strongest tier of a supported cell with the feature, else X if one was
+    unsupported, else ? if only unknown; archs without any such cell are left out. Grouped by mark."""
     by_arch: dict[str, list[ResolvedCell]] = defaultdict(list)
     for c in cells:
         if any(feature_name(t) == feature for t in c.case.features):
@@ -443,7 +444,7 @@ class Grid:
 
 
 def cell_text(c: ResolvedCell, legend: Legend, default_source: str | None = None) -> str:
-    """A grid cell: the tier mark and latency (ms, 2 significant figures) of a supported cell, or ❌/❔ and the
+    """A grid cell: the tier mark and latency (ms, 2 significant figures) of a supported cell, or X/? and the
     reason id; then the source set id unless it is `default_source`; † when the cell overruled other evidence."""
     if c.status == SUPPORTED:
         bits = [tier_mark(c.tier)]
@@ -513,6 +514,138 @@ def fastest_grid(m: ResolvedMatrix, arch: str) -> FastestGrid | None:
     return FastestGrid(arch, [feature_label(f) for f in cols], rows)
 
 
+# --- coverage ---------------------------------------------------------------------------------------
+
+@dataclass
+class Coverage:
+    """What was actually run on one arch: cells per deciding tier, timed cells, where and when."""
+
+    arch: str
+    title: str
+    tiers: list[tuple[str, int]]  # (tier, cells it decided), strongest first, every tier listed
+    unknown: int  # cells without informative evidence
+    timed: int  # supported cells with a measured latency
+    devices: list[str]  # device models that ran the validated cells
+    dates: tuple[str, str] | None  # oldest and newest date of the deciding records
+    versions: list[str]  # "backend version" of the deciding records, one per backend
+
+    @property
+    def headline(self) -> str:
+        n = dict(self.tiers)
+        if n.get("validated"):
+            return f"validated on {', '.join(self.devices) or 'a recorded device'}"
+        strongest_tier = next((t for t, k in self.tiers if k), None)
+        return f"nothing run here: {strongest_tier} evidence only" if strongest_tier else "no evidence"
+
+
+def coverage(m: ResolvedMatrix) -> list[Coverage]:
+    per: dict[str, list[ResolvedCell]] = defaultdict(list)
+    for c in T.public_cells(m):
+        per[c.case.arch].append(c)
+    out = []
+    for arch in sorted(per, key=arch_sort_key):
+        cs = per[arch]
+        tiers = Counter(c.tier for c in cs if c.status != UNKNOWN and c.tier)
+        devices = sorted({str(c.winner.provenance.get("device")) for c in cs
+                          if c.winner and c.tier == "validated" and c.winner.provenance.get("device")})
+        dates = sorted({str(c.winner.provenance.get("date")) for c in cs
+                        if c.winner and c.winner.provenance.get("date")})
+        versions: dict[str, set[str]] = defaultdict(set)
+        for c in cs:
+            if c.kernel_version and c.tier in ("validated", "compiled", "shipped"):
+                versions[c.case.backend].add(c.kernel_version)
+        out.append(Coverage(
+            arch, arch_title(arch), [(t, tiers.get(t, 0)) for t in T.TIERS], sum(c.status == UNKNOWN for c in cs),
+            sum(c.latency_ms is not None for c in cs), devices, (dates[0], dates[-1]) if dates else None,
+            [f"{b} {', '.join(sorted(vs))}" for b, vs in sorted(versions.items(),
+                                                                 key=lambda kv: T.backend_order_key(m, kv[0]))]))
+    return out
+
+
+# --- decision tables --------------------------------------------------------------------------------
+
+# Without model presets, the layer types engines ask about most: full causal attention, sliding-window layers,
+# Gemma 2's softcap, gpt-oss's banded layers with sinks; prefill and decode.
+DECISION_LAYERS: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
+    (f"{op}, {label}", op, feats) for op in ("prefill", "decode") for label, feats in (
+        ("causal", ("causal",)), ("sliding window", ("causal", "sliding_window")), ("softcap", ("causal", "softcap")),
+        ("sliding window + sinks", ("causal", "sinks", "sliding_window"))))
+
+
+def decision_layers(presets: Sequence[dict]) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """The decision tables' columns: the model presets' layer types (op and feature set, MLA aside), most
+    common first; DECISION_LAYERS when there are no presets."""
+    counted = Counter((q["op"], tuple(q["features"])) for p in presets for q in p["queries"]
+                      if q["op"] in ("prefill", "decode"))
+    if not counted:
+        return DECISION_LAYERS
+    order = sorted(counted, key=lambda k: (OPS.index(k[0]), -counted[k], feature_set_key(k[1])))
+    return tuple((f"{op}, {' + '.join(t for t in feats if t != 'causal') or 'causal'}", op, feats)
+                 for op, feats in order)
+
+
+DECISION_DTYPE = "bfloat16"
+
+
+@dataclass
+class DecisionTable:
+    op: str
+    columns: list[str]
+    rows: list[tuple[str, list[str]]]  # (head size, ["backend mark basis" or "none known"])
+    query_links: list[list[str]]  # per row and column: the query page's address for that question
+
+
+def decision_dims(m: ResolvedMatrix, arch: str) -> list[int]:
+    """The square head sizes probed for prefill on `arch`, ascending."""
+    return sorted({c.case.head_dim for c in T.public_cells(m) if c.case.arch == arch and c.case.op == "prefill"
+                   and c.case.head_dim == c.case.head_dim_v})
+
+
+QueryKey = tuple[str, str, str, int, int, tuple[str, ...]]  # arch, op, dtype, head_dim, head_dim_v, features
+
+
+def decision_queries(m: ResolvedMatrix, layers=DECISION_LAYERS) -> list[QueryKey]:
+    """Every decision table's queries as (arch, op, dtype, hd, hdv, features): the query page publishes them."""
+    archs = sorted({c.case.arch for c in T.public_cells(m)}, key=arch_sort_key)
+    return [(a, op, DECISION_DTYPE, hd, hd, feats) for a in archs for hd in decision_dims(m, a)
+            for _, op, feats in layers]
+
+
+def _basis_short(a: T.Answer) -> str:
+    if a.latency_ms is not None:
+        return f"{sig2(a.latency_ms)} ms"
+    if "declared ranking" in a.basis:
+        return "declared ranking"
+    return "default rank"
+
+
+def decision_tables(m: ResolvedMatrix, arch: str, layers=DECISION_LAYERS) -> list[DecisionTable]:
+    """Per op, head size x layer type -> the selector's first choice, its tier mark and what put it first."""
+    dims = decision_dims(m, arch)
+    out = []
+    for op in OPS:
+        cols = [(label, feats) for label, o, feats in layers if o == op]
+        if not dims or not cols:
+            continue
+        rows, links = [], []
+        for hd in dims:
+            texts, row_links = [], []
+            for _, feats in cols:
+                ordered, _ = T.query(m, T.Query(arch, op, DECISION_DTYPE, hd, hd, feats))
+                if ordered:
+                    a = ordered[0]
+                    more = f" (+{len(ordered) - 1})" if len(ordered) > 1 else ""
+                    texts.append(f"{a.backend} {tier_mark(a.tier)} {_basis_short(a)}{more}")
+                else:
+                    texts.append("none known")
+                row_links.append("query.md#" + "&".join(
+                    [f"gpu={arch}", f"op={op}", f"dtype={DECISION_DTYPE}", f"hd={hd}", "f=" + "%2C".join(feats)]))
+            rows.append((str(hd), texts))
+            links.append(row_links)
+        out.append(DecisionTable(op, [label.split(", ", 1)[1] for label, _ in cols], rows, links))
+    return out
+
+
 # --- the arch page ----------------------------------------------------------------------------------
 
 @dataclass
@@ -522,15 +655,21 @@ class ArchPage:
     capabilities: list[CapabilityRow]
     fastest: FastestGrid | None
     grids: list[Grid]
+    decisions: list[DecisionTable]
     reasons: list[tuple[str, str, list[str], int]]  # (id, preview, backends, cells), in order of first use
     sources: list[tuple[str, list[str], int]]  # (id, source strings, cells), in order of first use
 
 
 def arch_title(arch: str) -> str:
-    if arch.startswith("sm_"):
+    """The page's title, with the GPU product names a reader searches for: "sm_100 — B200 / GB200"."""
+    return load_gpus().title(arch)
+
+
+def arch_capability(arch: str) -> str:
+    if arch.startswith("sm_") and arch[3:].isdigit():
         n = arch[3:]
-        return f"{arch} (compute capability {n[:-1]}.{n[-1]})"
-    return "CPU" if arch == "cpu" else arch
+        return f"compute capability {n[:-1]}.{n[-1]}"
+    return ""
 
 
 def _by_arch_backend(m: ResolvedMatrix) -> dict[str, dict[str, list[ResolvedCell]]]:
@@ -540,7 +679,7 @@ def _by_arch_backend(m: ResolvedMatrix) -> dict[str, dict[str, list[ResolvedCell
     return out
 
 
-def arch_pages(m: ResolvedMatrix) -> list[ArchPage]:
+def arch_pages(m: ResolvedMatrix, layers=DECISION_LAYERS) -> list[ArchPage]:
     pages = []
     per = _by_arch_backend(m)
     for arch in sorted(per, key=arch_sort_key):
@@ -562,7 +701,7 @@ def arch_pages(m: ResolvedMatrix) -> list[ArchPage]:
                         bs.append(b)
                     n[0] += 1
         pages.append(ArchPage(
-            arch, arch_title(arch), caps, fastest_grid(m, arch), grids,
+            arch, arch_title(arch), caps, fastest_grid(m, arch), grids, decision_tables(m, arch, layers),
             [(rid, preview(legend.reasons[rid]), bs, n[0]) for rid, (bs, n) in reasons.items()],
             [(sid, legend.sources[sid], n) for sid, n in used.items()]))
     return pages
@@ -571,15 +710,48 @@ def arch_pages(m: ResolvedMatrix) -> list[ArchPage]:
 # --- the per-cell JSON ------------------------------------------------------------------------------
 
 CELL_COLUMNS = ("op", "dtype", "head_dim", "head_dim_v", "features", "status", "outcome", "tier", "reason",
-                "latency_ms", "tflops", "max_abs_err", "max_rel_err", "kernel_version", "sources", "conflicts")
+                "latency_ms", "host_ms", "tflops", "max_abs_err", "max_rel_err", "kernel_version", "sources",
+                "conflicts", "timings")
+TIMING_COLUMNS = ("shape", "latency_ms", "host_ms")  # one timed shape of a cell's `timings`
+# The download schema, documented on the data page (site/data.md) and checked against the files by a test:
+# column -> (JSON type(s), meaning).
+COLUMN_DOCS = {
+    "op": ("string", "`prefill`, `decode` (one query token per sequence) or `mla_prefill`"),
+    "dtype": ("string", "`bfloat16` or `float16` (the inputs' dtype; `fp8` is a feature)"),
+    "head_dim": ("integer", "head size of Q and K"),
+    "head_dim_v": ("integer", "head size of V (equal to `head_dim` except for MLA)"),
+    "features": ("array of strings", "the feature tokens of the case, sorted (`causal`, `sliding_window`, "
+                 "`softcap`, `alibi`, `sinks`, `gqa`, `varlen`, `fp8`, `paged_kv:<block size>`, "
+                 "`qk_rope:<n>`); empty for none"),
+    "status": ("string", "`supported`, `unsupported` or `unknown`: the resolved answer"),
+    "outcome": ("string or null", "the deciding record's outcome (`pass`, `rejected`, `crash`, `wrong`, ...)"),
+    "tier": ("string or null", "the deciding evidence's tier: `validated`, `compiled`, `shipped`, `declared`"),
+    "reason": ("string or null", "id of the reason (in the file's `reasons` table, in full) of a cell that is "
+               "not supported"),
+    "latency_ms": ("number or null", "GPU time per call in milliseconds (CPU: wall time), the median over the "
+                   "timed shapes, 4 significant digits"),
+    "host_ms": ("number or null", "the host's time per call (issuing it, back to back), median over the timed "
+                "shapes; null where not recorded"),
+    "tflops": ("number or null", "TFLOP/s counting only unmasked work, median over the timed shapes"),
+    "max_abs_err": ("number or null", "largest absolute difference from the float32 reference"),
+    "max_rel_err": ("number or null", "largest relative difference from the float32 reference"),
+    "kernel_version": ("string or null", "the version of the library that produced the deciding record"),
+    "sources": ("string or null", "id of the source set (in the file's `sources` table): provenance or citations"),
+    "conflicts": ("array of strings", "evidence the deciding record overruled"),
+    "timings": ("array of arrays", "one `[shape, latency_ms, host_ms]` per timed shape (`b64_kv4096`: batch 64, "
+                "4096 keys; `b8_s2048`: batch 8, 2048 query and key tokens); empty when not timed"),
+}
 
 
 def _num(x: object) -> float | int | None:
+    """A figure to 4 significant digits (reruns vary by a few per cent; more digits would be noise), or None."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
     if not math.isfinite(x):
         return None
-    return x
+    if isinstance(x, int) or x == 0:
+        return x
+    return float(f"{x:.4g}")
 
 
 def cells_json(m: ResolvedMatrix, arch: str, backend: str, cs: Sequence[ResolvedCell],
@@ -597,8 +769,10 @@ def cells_json(m: ResolvedMatrix, arch: str, backend: str, cs: Sequence[Resolved
         k = c.case
         err = (c.winner.error if c.winner else None) or {}
         row = [k.op, k.dtype, k.head_dim, k.head_dim_v, list(k.features), c.status, c.outcome, c.tier,
-               legend.reason(c.reason), _num(c.latency_ms), _num(c.tflops), _num(err.get("max_abs_err")),
-               _num(err.get("max_rel_err")), c.kernel_version, legend.source(c.sources), list(c.conflicts)]
+               legend.reason(c.reason), _num(c.latency_ms), _num(c.host_ms), _num(c.tflops),
+               _num(err.get("max_abs_err")), _num(err.get("max_rel_err")), c.kernel_version,
+               legend.source(c.sources), list(c.conflicts),
+               [[t.shape, _num(t.latency_ms), _num(t.host_ms)] for t in c.timings]]
         rows.append(json.dumps(row, ensure_ascii=False))
 
     def block(d: dict) -> str:
@@ -616,6 +790,7 @@ def cells_json(m: ResolvedMatrix, arch: str, backend: str, cs: Sequence[Resolved
                          f"{' (' + ', '.join(versions) + ')' if versions else ''}. "
                          "Do not edit by hand; run `attnmatrix generate`.",
             "schema": CELLS_SCHEMA,
+            "timing_columns": list(TIMING_COLUMNS),
             "content_id": hashlib.sha256("\n".join(body).encode()).hexdigest()[:12],
             "arch": arch, "backend": backend, "label": label, "columns": list(CELL_COLUMNS)}
     lines = ["{"] + [f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in head.items()]

@@ -28,8 +28,10 @@ from attnmatrix.matrix.policy import ResolvedMatrix
 from attnmatrix.vocabulary import capability_label
 
 from . import capabilities as C
+from . import links as L
 from . import pages as PG
 from . import plots as P
+from . import query_page as Q
 from . import tables as T
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -40,6 +42,9 @@ MLA_PREFILL_PATH = "site/mla-prefill.md"
 FA_VERSION_PATH = "site/fa-version.md"
 ARCH_PAGE_DIR = "site/archs"
 CHANGELOG_PATH = "site/changelog.md"
+QUERY_PAGE_PATH = "site/query.md"
+DATA_PAGE_PATH = "site/data.md"
+COVERAGE_SNIPPET_PATH = "site/snippets/coverage.md"  # included by the home page and the support matrix
 PLOT_DIR = P.PLOT_DIR
 
 
@@ -194,6 +199,15 @@ def arch_links(cs: list[PG.Claim], prefix: str) -> Raw:
                          for c in cs) or T.UNSUPPORTED_MARK)
 
 
+def cite(sources: Iterable[str], sep: str = "; ") -> Raw:
+    """Source strings as Markdown, each a link where it names an address (generator.links)."""
+    out = []
+    for src in sources:
+        url = L.source_url(src)
+        out.append(f"[{md_escape(src)}]({url})" if url else md_escape(src))
+    return Raw(sep.join(out))
+
+
 # --- environments ---------------------------------------------------------------------------------
 
 def _env(finalize, *template_dirs: Path) -> jinja2.Environment:
@@ -204,7 +218,8 @@ def _env(finalize, *template_dirs: Path) -> jinja2.Environment:
     )
     env.filters.update(comment=py_comment, hcomment=html_comment, md=md_escape, md_join=md_join, code=md_code,
                        claims=claims, items=items, latencies=page_latencies, arch_links=arch_links,
-                       capability=capability_label, raw=Raw, tuple=tuple)
+                       capability=capability_label, raw=Raw, tuple=tuple, cite=cite)
+    env.globals.update(zip=zip)
     return env
 
 
@@ -247,7 +262,9 @@ def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
     h = header(m, meta)
     out: dict[str, str] = {}
     kv = dict(h["kernel_versions"])
-    pages = PG.arch_pages(m)
+    presets = Q.load_presets(meta.get("models"))
+    layers = PG.decision_layers(presets)
+    pages = PG.arch_pages(m, layers)
     plots = P.plot_index(m)
     out[SUPPORT_MATRIX_PATH] = MD_ENV.get_template("support-matrix.md.j2").render(
         h=h, rows=PG.backend_rows(m, kv), measured=[p.arch for p in pages if p.fastest], marks=T.TIER_MARK,
@@ -256,11 +273,22 @@ def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
         plots=list(plots.values()), panels=P.PANELS,
     )
     arch_tpl = MD_ENV.get_template("arch.md.j2")
+    cov = {c.arch: c for c in PG.coverage(m)}
+    out[COVERAGE_SNIPPET_PATH] = MD_ENV.get_template("coverage.md.j2").render(h=h, rows=list(cov.values()),
+                                                                               prefix="")
     for page in pages:
         out[f"{ARCH_PAGE_DIR}/{page.arch}.md"] = arch_tpl.render(
             h=h, page=page, marks=T.TIER_MARK, unsupported=T.UNSUPPORTED_MARK, unknown=T.UNKNOWN_MARK,
-            plot=plots.get(page.arch), panels=P.PANELS)
+            plot=plots.get(page.arch), panels=P.PANELS, cov=cov.get(page.arch), presets=bool(presets))
     out.update(PG.cells_files(m))
+    queries = Q.query_files(m, PG.decision_queries(m, layers) + Q.preset_queries(m, presets), presets)
+    out.update(queries)
+    out[QUERY_PAGE_PATH] = MD_ENV.get_template("query.md.j2").render(
+        h=h, archs=[a for a in {p.split("/")[-1].split("-")[0] for p in queries} if a != "index.json"],
+        total=sum(len(json.loads(t).get("answers", {})) for t in queries.values()))
+    out[DATA_PAGE_PATH] = MD_ENV.get_template("data.md.j2").render(
+        h=h, columns=[(c, *PG.COLUMN_DOCS[c]) for c in PG.CELL_COLUMNS], timing_columns=PG.TIMING_COLUMNS,
+        schema=PG.CELLS_SCHEMA, files=sorted(p.removeprefix("site/") for p in out if p.startswith(PG.CELLS_DIR)))
     out[MLA_PREFILL_PATH] = MD_ENV.get_template("mla-prefill.md.j2").render(h=h, archs=T.mla_tables(m))
     out[FA_VERSION_PATH] = MD_ENV.get_template("fa-version.md.j2").render(
         h=h, archs=T.fa_tables(m), common=T.FA_COMMON_HEAD_SIZES)

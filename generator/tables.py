@@ -21,9 +21,13 @@ from attnmatrix.vocabulary import TIERS, features_of
 
 from .capabilities import FA_COMMON_HEAD_SIZES, engine_for, is_test_only, selector_archs
 
-TIER_MARK = {"validated": "✅", "compiled": "🔧", "shipped": "📦", "declared": "📄"}
-UNSUPPORTED_MARK = "❌"
-UNKNOWN_MARK = "❔"
+# Marks are plain ASCII letters, so they render in any font (emoji marks show as empty boxes in a browser
+# without an emoji font); site/javascripts/marks.js turns them into coloured badges with a title.
+TIER_MARK = {"validated": "V", "compiled": "C", "shipped": "S", "declared": "D"}
+UNSUPPORTED_MARK = "X"
+UNKNOWN_MARK = "?"
+MARK_MEANING = {"V": "validated", "C": "compiled", "S": "shipped", "D": "declared", "X": "unsupported",
+                "?": "unknown"}
 # Labels for well-known MLA dims on the docs pages; presentation only.
 MLA_MODELS = {(192, 128): "DeepSeek-V3/R1: qk_nope 128 + qk_rope 64, v 128",
               (256, 256): "GLM-5: qk_nope 192 + qk_rope 64, v 256"}

@@ -34,7 +34,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
 # Generated pages of the real site: the copy gets the hand-built matrix's instead.
 GENERATED = ("support-matrix.md", "mla-prefill.md", "fa-version.md", "changelog.md", "vllm-comparison.md", "archs",
-             "data", "plots")
+             "data", "plots", "query.md", "data.md", "snippets")
 
 pytestmark = [
     pytest.mark.skipif(not CHROMIUM.is_file(),
@@ -69,6 +69,7 @@ def site(tmp_path_factory):
     root = tmp_path_factory.mktemp("site-copy")
     shutil.copy(REPO / "mkdocs.yml", root / "mkdocs.yml")
     shutil.copytree(REPO / "docs-examples", root / "docs-examples")
+    shutil.copytree(REPO / "docs-hooks", root / "docs-hooks", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "site", root / "site", ignore=lambda d, names: [
         n for n in names if Path(d).resolve() == (REPO / "site").resolve() and n in GENERATED])
     m, previous = _test_matrix()

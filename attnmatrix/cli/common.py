@@ -113,6 +113,8 @@ def render(ev: Evidence, proj: project_mod.Project) -> dict[str, str]:
             "files": project_mod.relative_files(ev, proj)}
     from attnmatrix.engines.vllm.names import answers_file
 
+    if (proj.data_dir / "models.json").exists():
+        meta["models"] = str(proj.data_dir / "models.json")
     if answers_file(proj.data_dir).exists():
         meta["vllm_answers"] = str(answers_file(proj.data_dir))
     if proj.snapshot_file.exists():
