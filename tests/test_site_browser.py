@@ -218,9 +218,12 @@ def test_arch_page_and_changelog_in_the_browser(site, tmp_path):
     dom_text = chromium(tmp_path, "--dump-dom", page)
     arch = parse(dom_text)
     assert any(i.get("src", "").endswith("plots/sm_90-tflops.svg") for i in arch.imgs)
-    # the capability summary comes first: one row per backend, with its ops, head sizes and features
+    # the decision tables come first (per op: head size x layer type -> the pick), then the capability summary:
+    # one row per backend, with its ops, head sizes and features
     caps = table_with_header(arch, "Backend")
-    assert arch.tables[0] is caps
+    first = [t[0][0][0] for t in arch.tables[:arch.tables.index(caps)]]
+    assert first == ["Head size", "Head size"]  # prefill and decode
+    assert table_with_header(arch, "Head size")[0][1][0] == "causal"
     header = [text for text, _ in caps[0]]
     assert header[:5] == ["Backend", "Cells", "Ops", "Dtypes", "Head sizes"] and "Features" in header
     rows = {r[0][1][0]: [text for text, _ in r] for r in caps[1:]}

@@ -153,9 +153,12 @@
     return box;
   }
 
+  let runs = 0;  // a newer question's answer is never overwritten by an older one that finished later
+
   async function run() {
     const q = currentQuery();
     const out = $("am-result");
+    const mine = ++runs;
     out.dataset.state = "loading";
     try {
       const preset = $("am-preset").value;
@@ -172,11 +175,14 @@
       } else {
         blocks.push(render(q, await answer(q), ""));
       }
+      if (mine !== runs) return;
       out.replaceChildren(...blocks);
+      out.dataset.query = preset ? "preset:" + preset + "@" + q.arch : q.arch + "/" + q.op + "/" + keyOf(q);
       history.replaceState(null, "", "#" + new URLSearchParams({gpu: $("am-gpu").value, op: q.op,
         dtype: q.dtype, hd: $("am-hd").value, f: q.feats.join(","), preset: preset}).toString());
       out.dataset.state = "done";
     } catch (err) {
+      if (mine !== runs) return;
       out.replaceChildren(el("p", {class: "am-error"}, "Could not load the answers: " + err.message));
       out.dataset.state = "error";
     }
