@@ -426,6 +426,13 @@ class Engine:
             pass
         except TypeError:
             key = None
+        # The same argument checks as select_backends: head_size=-1 is an error, not "no FlashAttention".
+        if head_size is not None:
+            head_size = _int("head_size", head_size, 1, V.MAX_HEAD_DIM)
+        if head_size_v is not None:
+            head_size_v = _int("head_size_v", head_size_v, 1, V.MAX_HEAD_DIM)
+        if kv_cache_block_size is not None:
+            kv_cache_block_size = _int("kv_cache_block_size", kv_cache_block_size, 1, V.MAX_PAGE_SIZE)
         version = self.flash_attn_version_for(arch_of(capability), requires_alibi, head_size, head_size_v,
                                               has_sinks, requires_local_attention, requires_softcap,
                                               kv_cache_block_size)

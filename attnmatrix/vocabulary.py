@@ -137,7 +137,7 @@ def features_of(**params) -> tuple[str, ...]:
         if f.kind == FLAG:
             if value:
                 toks.append(f.name)
-        elif value is not None and (value or f.arg_min == 0):
+        elif value is not None:  # 0 where the size starts at 1 is refused like -1, not read as "absent"
             toks.append(check_feature_token(f"{f.name}:{_int(p, value, f.arg_min, f.arg_max)}"))
     return tuple(sorted(toks))
 
@@ -219,7 +219,8 @@ def arch_of(capability) -> str:
         major, minor = capability
     except (TypeError, ValueError):
         raise VocabularyError(f"capability: {capability!r} is not a (major, minor) tuple") from None
-    return f"sm_{_int('capability major', major, 0)}{_int('capability minor', minor, 0)}"
+    # The minor is one digit: (1, 10) is not sm_110, which is (11, 0).
+    return f"sm_{_int('capability major', major, 1)}{_int('capability minor', minor, 0, 9)}"
 
 
 def capability_of(arch: str) -> tuple[int, int]:

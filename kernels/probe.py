@@ -12,7 +12,7 @@ import traceback
 from dataclasses import dataclass
 
 import torch
-from attnmatrix.matrix.cases import Case
+from attnmatrix.matrix.cases import Case, check_duration
 from attnmatrix.matrix.records import Record, Timing
 
 from .base import Backend, load_backend
@@ -32,6 +32,9 @@ class ProbeConfig:
     budget_ms: float = 40.0  # per timed shape, after warm-up; at least 5 runs whatever it costs
     run_id: str | None = None
     timed_dtypes: tuple[str, ...] = ("bfloat16", "float16")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "budget_ms", check_duration(self.budget_ms, "budget_ms"))  # frozen
 
     def to_dict(self) -> dict:
         return {"timing": self.timing, "seed": self.seed, "budget_ms": self.budget_ms, "run_id": self.run_id,

@@ -24,7 +24,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from attnmatrix.matrix.cases import Case
+from attnmatrix.matrix.cases import Case, check_count, check_duration
 from attnmatrix.matrix.records import Record, parse_record
 from attnmatrix.matrix.storage import ResultStore
 
@@ -42,6 +42,15 @@ class RunnerConfig:
     gpus: list[int] | None = None  # workers are spread over these GPUs, round robin
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # The same checks as the CLI's options (matrix/cases.py): a negative timeout would record every case
+        # as `timeout`, evidence against a kernel that was never given a chance.
+        self.workers = check_count(self.workers, "workers")
+        self.timeout_s = check_duration(self.timeout_s, "timeout_s")
+        self.startup_timeout_s = check_duration(self.startup_timeout_s, "startup_timeout_s")
+        if self.memory_limit_mb is not None:
+            self.memory_limit_mb = check_count(self.memory_limit_mb, "memory_limit_mb")
 
 
 @dataclass

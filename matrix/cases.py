@@ -8,6 +8,7 @@ string key, so results can be matched, resumed and merged by key alone.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,23 @@ def check_page_size(value: object, name: str = "page size") -> int:
     check of page sizes (paged_kv:<n> feature tokens, every command's --page-size, the query engine)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_PAGE_SIZE:
         raise CaseError(f"{name}: {value!r} is not a page size (an int in 1..{MAX_PAGE_SIZE})")
+    return value
+
+
+def check_duration(value: object, name: str = "duration") -> float:
+    """`value` as a positive, finite time (seconds or milliseconds, as `name` says), or CaseError naming
+    `name`: not 0, not -1, not nan or inf. The one check of times: every command's --timeout and --budget-ms
+    and the runner's and prober's configurations use it, so `--timeout -1` is refused before a case runs."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise CaseError(f"{name}: {value!r} is not a time (a number greater than 0)")
+    return float(value)
+
+
+def check_count(value: object, name: str = "count", minimum: int = 1) -> int:
+    """`value` as an int >= `minimum`, or CaseError naming `name`. The one check of counts and limits (workers,
+    --limit, --memory-limit, --max-diff-lines), in the CLI and in the runner's configuration."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise CaseError(f"{name}: {value!r} is not a count (an int >= {minimum})")
     return value
 
 

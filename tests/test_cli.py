@@ -87,7 +87,7 @@ def test_merge_refuses_contradictions(tmp_path: Path, make_record, write_jsonl) 
 
     write_jsonl(out, [make_record(run_id="r0", head_dim=32)])  # an earlier merge: ours, but kept on failure
     before = sha(out)
-    assert run("merge", a, b, "-o", out).exit_code == 1
+    assert run("merge", a, b, "-o", out, "--append").exit_code == 1
     assert sha(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl", "merged.jsonl"]
 
@@ -105,7 +105,7 @@ def test_merge_writes_deduplicated_output(tmp_path: Path, make_record, write_jso
     assert len(lines) == 3 and len(set(lines)) == 3
     assert run("validate", "--no-embedded", out).exit_code == 0
     first = out.read_bytes()
-    assert run("merge", d, a, "-o", out).exit_code == 0
+    assert run("merge", d, a, "-o", out, "--append").exit_code == 0
     assert out.read_bytes() == first  # canonical, whatever the input order
 
 

@@ -34,7 +34,7 @@ from attnmatrix.matrix import evidence
 from attnmatrix.matrix.cases import DTYPES, FEATURE_SETS, OPS
 from attnmatrix.matrix.evidence import read_declared
 from attnmatrix.matrix.merge import merge_records
-from attnmatrix.matrix.records import OUTCOMES, TIERS
+from attnmatrix.matrix.records import OUTCOMES, TIERS, parse_record
 from attnmatrix.matrix.storage import InputError, Problem, dump_record, read_records
 from attnmatrix.matrix.validate import validate_evidence
 from click.testing import CliRunner
@@ -480,7 +480,8 @@ def test_cli_merge_hostile_file(plan: Plan, out_exists: bool, runner: CliRunner)
             # an earlier merge (a result file of ours: anything else is refused before the merge starts)
             out.write_text(json.dumps(_base_record(10**6)) + "\n", encoding="utf-8")
         before, listing = sha(out), sorted(os.listdir(d))
-        res = invoke(runner, ["merge", str(path), "-o", str(out)])
+        # An existing OUT is extended only with --append (without it, merge refuses to replace it).
+        res = invoke(runner, ["merge", str(path), "-o", str(out)] + (["--append"] if out_exists else []))
         assert res.exit_code == expected_exit(plan, command="merge"), (res.stdout, res.stderr)
         if res.exit_code != 0:
             assert sha(out) == before, "a failed merge changed its output"
@@ -494,6 +495,8 @@ def test_cli_merge_hostile_file(plan: Plan, out_exists: bool, runner: CliRunner)
         assert [f.name for f in out.parent.iterdir()] == [out.name]
         merged = read_records(out)
         want = {line_of_record(r) for _, r in read_records(path)}
+        if out_exists:
+            want.add(line_of_record(parse_record(_base_record(10**6))))
         assert sorted(line_of_record(r) for _, r in merged) == sorted(want)
 
 
@@ -552,7 +555,7 @@ def test_cli_large_file(tmp_path: Path, runner: CliRunner) -> None:
     assert res.exit_code == 2 and out.read_text(encoding="utf-8") == keep
     rows[1501] = rows[1500].replace('"big-1500"', '"big-1501"')
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    res = invoke(runner, ["merge", str(path), "-o", str(out)])
+    res = invoke(runner, ["merge", str(path), "-o", str(out), "--append"])
     assert res.exit_code == 0, res.stderr
     assert len(read_records(out)) == 3000
 
@@ -610,9 +613,10 @@ def test_merged_matrices_round_trip_and_diff(a: Plan, b: Plan, runner: CliRunner
                     assert res.exit_code in (1, 2) and f"{src}:" in res.stderr
                 out.write_bytes(b"")  # an empty matrix stands in
             else:
-                res = invoke(runner, ["merge", str(out), "-o", str(d / "again.jsonl")])
+                again = d / f"{name}.again.jsonl"
+                res = invoke(runner, ["merge", str(out), "-o", str(again)])
                 assert res.exit_code == 0
-                assert (d / "again.jsonl").read_bytes() == out.read_bytes(), "merging a merge must be a no-op"
+                assert again.read_bytes() == out.read_bytes(), "merging a merge must be a no-op"
                 res = invoke(runner, ["validate", str(out), "--no-embedded", "--json"])
                 assert res.exit_code == (1 if plan.unknown_backend else 0), res.stdout
             outs.append(out)

@@ -26,6 +26,8 @@ from attnmatrix.matrix.cases import (
     CaseError,
     canonical_features,
     case_space,
+    check_count,
+    check_duration,
     check_head_size,
     check_page_size,
     parse_head_dims,
@@ -145,6 +147,32 @@ def _validated(check):
 # (matrix/cases.py check_head_size / check_page_size): 0, negatives and absurd sizes are usage errors (2).
 head_size_callback = _validated(check_head_size)
 page_size_callback = _validated(check_page_size)
+# Times and counts the same way (matrix/cases.py check_duration / check_count), shared with the runner's and
+# prober's configurations: `--timeout -1` or `--limit -5` is a usage error, not a sweep of `timeout` records.
+duration_callback = _validated(check_duration)
+count_callback = _validated(check_count)
+count_or_zero_callback = _validated(lambda v, name: check_count(v, name, minimum=0))
+
+
+def refuse_conflicts(ctx: click.Context, needs: dict[str, str] | None = None,
+                     excludes: tuple[tuple[str, str], ...] = ()) -> None:
+    """Options that make no sense together are refused, not one of them silently ignored.
+
+    `needs` maps an option (its parameter name) to the one it only applies with; `excludes` lists pairs that
+    cannot both be given. Only options given on the command line count (defaults never conflict)."""
+    given = {name for name in ctx.params
+             if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)}
+    spelled = {p.name: max(p.opts, key=len) for p in ctx.command.params}
+
+    def flag(name: str) -> str:
+        return spelled.get(name, "--" + name.replace("_", "-"))
+
+    for opt, base in (needs or {}).items():
+        if opt in given and base not in given:
+            raise UsageError(f"{flag(opt)} applies only with {flag(base)}")
+    for one, other in excludes:
+        if one in given and other in given:
+            raise UsageError(f"{flag(one)} and {flag(other)} cannot be given together")
 
 
 def csv(spec: str | None, allowed: list[str], name: str) -> list[str]:

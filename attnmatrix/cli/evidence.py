@@ -22,6 +22,7 @@ from attnmatrix.matrix.storage import (
     Problem,
     atomic_write_text,
     check_result_file,
+    iter_result_files,
     read_records,
     write_records,
 )
@@ -31,11 +32,14 @@ from .common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    count_or_zero_callback,
+    duration_callback,
     exit_code_for,
     fail_input,
     load,
     load_for_reading,
     locate,
+    refuse_conflicts,
     render,
     report,
 )
@@ -49,10 +53,12 @@ def validate(files, no_embedded, as_json) -> None:
     """Check result files (and the matrix): schema, known backends, contradictions.
 
     Every problem is listed with its file, line, record and field. Exit 1 if a record is wrong; exit 2 if
-    a line is not JSON at all (a truncated write, another file's text): the input is unreadable.
+    a line is not JSON at all (a truncated write, another file's text): the input is unreadable; exit 2
+    too if a named file or folder holds no record: there was nothing to validate.
     """
     proj = locate(say=not as_json)
     ev, problems = load(proj, tuple(str(f) for f in files), embedded=not no_embedded)
+    problems = _nothing_to_validate(files, ev, no_embedded) + problems
     if as_json:
         for p in problems:
             click.echo(json.dumps({"file": p.file, "line": p.line, "record": p.record, "field": p.field,
@@ -64,31 +70,63 @@ def validate(files, no_embedded, as_json) -> None:
     sys.exit(exit_code_for(problems))
 
 
+def _nothing_to_validate(files: tuple[Path, ...], ev: Evidence, no_embedded: bool) -> list[Problem]:
+    """A named file or folder without a single record is not "ok": there was nothing to check (exit 2)."""
+    out = []
+    for f in files:
+        prefixes = tuple(str(p) + ":" for p in iter_result_files([f]))
+        if prefixes and any(w.startswith(prefixes) for w in ev.where):
+            continue
+        what = "holds no *.jsonl result file" if f.is_dir() and not prefixes else "holds no records"
+        out.append(Problem(str(f), None, "(file)", f"{what}: nothing to validate"))
+    if no_embedded and not files:
+        out.append(Problem("(arguments)", None, "(file)", "--no-embedded and no FILES: nothing to validate"))
+    return out
+
+
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Merged JSON Lines file (written atomically; untouched on failure). An existing file must be "
-                   "a result file: anything else is refused, untouched.")
-def merge(files, out) -> None:
+              help="Merged JSON Lines file (written atomically; untouched on failure). An existing result file "
+                   "is refused unless --append is given; any other existing file is refused, untouched.")
+@click.option("--append", is_flag=True,
+              help="OUT may already hold records: they are merged with FILES (nothing of OUT is dropped).")
+def merge(files, out, append) -> None:
     """Merge result files into one: exact duplicates dropped, contradictions refused (exit 1).
 
     Evidence that merely disagrees (two machines, two versions) is kept: the resolution policy decides
     later, and `explain` shows both. Records of backends that could not be imported (`unavailable`) are
-    not evidence about a kernel: they are dropped, and counted.
+    not evidence about a kernel: they are dropped, and counted. An OUT that already holds records is never
+    replaced: without --append it is refused (exit 2, untouched); with --append its records are merged in.
+
+    \b
+    Examples:
+      attnmatrix merge attnmatrix-results/sm_90.jsonl -o matrix/data/results/sm_90-h100-20260101.jsonl
+      attnmatrix merge more.jsonl -o matrix/data/results/sm_90-h100-20260101.jsonl --append
     """
     from attnmatrix.matrix.merge import merge_records
 
     problems: list[Problem] = []
     try:
         ev = load_evidence(list(files), include_embedded=False, declared=None, problems=problems)
-        check_result_file(out)  # before anything is written: a file that is not ours is refused, untouched
+        existing = check_result_file(out)  # before anything is written: a file that is not ours is refused
+        if existing.strip() and not append:
+            click.echo(f"error: {out} already holds result records; merging would replace them. Give --append "
+                       "to merge FILES into it, or name a new -o file", err=True)
+            click.echo(f"not written: {out}", err=True)
+            sys.exit(EXIT_USAGE)
+        if existing.strip() and not any(Path(f).resolve() == out.resolve() for f in files):
+            ev.extend(load_evidence([out], include_embedded=False, declared=None, problems=problems))
     except InputError as e:
         fail_input(e.problems)
     if exit_code_for(problems) == EXIT_USAGE:
         report(problems)
         click.echo(f"not written: {out}", err=True)
         sys.exit(EXIT_USAGE)
-    located = [(r, w) for r, w in zip(ev.records, ev.where, strict=True) if r.outcome not in UNINFORMATIVE_OUTCOMES]
+    # OUT's own records are all kept (--append never drops a record of the file it extends).
+    own = str(out) + ":"
+    located = [(r, w) for r, w in zip(ev.records, ev.where, strict=True)
+               if r.outcome not in UNINFORMATIVE_OUTCOMES or w.startswith(own)]
     dropped = len(ev.records) - len(located)
     merged, contradictions = merge_records(located)
     problems += contradictions
@@ -138,8 +176,10 @@ def generate(root, extra) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="--reprobe --sample: which sample.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="--reprobe: worker processes (default: one per CPU core).")
-@click.option("--timeout", type=float, default=180.0, show_default=True, help="--reprobe: seconds per case.")
-@click.option("--max-diff-lines", type=int, default=60, show_default=True)
+@click.option("--timeout", type=float, default=180.0, show_default=True, callback=duration_callback,
+              help="--reprobe: seconds per case.")
+@click.option("--max-diff-lines", type=int, default=60, show_default=True, callback=count_or_zero_callback,
+              help="Diff lines printed per stale file.")
 def check(root, reprobe, sample, seed, workers, timeout, max_diff_lines) -> None:
     """CI gate: the matrix is valid and every generated file is byte-identical to a fresh generation.
 
@@ -147,6 +187,8 @@ def check(root, reprobe, sample, seed, workers, timeout, max_diff_lines) -> None
     machine's arch for the backends installed here, with a progress bar, and fail (exit 1) if one no longer
     holds. --sample N keeps a GPU CI job short: `check --reprobe --sample 200` on one H200.
     """
+    refuse_conflicts(click.get_current_context(),
+                     needs={"sample": "reprobe", "seed": "reprobe", "workers": "reprobe", "timeout": "reprobe"})
     proj = locate(root, need_checkout=True)
     ev, problems = load(proj)
     failed = False
@@ -257,7 +299,8 @@ def _load_side(spec: str) -> Evidence:
 @main.command()
 @click.argument("a")
 @click.argument("b")
-@click.option("--threshold", type=float, default=0.10, show_default=True, help="Relative latency change to report.")
+@click.option("--threshold", type=click.FloatRange(min=0), default=0.10, show_default=True,
+              help="Relative latency change to report.")
 @click.option("--json", "as_json", is_flag=True)
 def diff(a, b, threshold, as_json) -> None:
     """What changed from matrix A to matrix B (result files or folders; `embedded` for the committed one).

@@ -21,12 +21,15 @@ from .common import (
     EXIT_FAILED,
     UsageError,
     build_space,
+    count_callback,
     csv,
+    duration_callback,
     exit_code_for,
     fail_input,
     load,
     locate,
     parse_backends,
+    refuse_conflicts,
     report,
     space_options,
 )
@@ -145,13 +148,14 @@ def print_summary(summary, out: Path, as_json: bool) -> None:
                    "workers compile in parallel and take turns for timed loops. With --executor ray: workers per "
                    "GPU task (default 2), or CPUs (and workers) per task when probing CPUs (default 1).")
 @click.option("--gpus", help="Comma-separated GPU indices, one worker each (default: every visible GPU).")
-@click.option("--timeout", type=float, default=180.0, show_default=True,
+@click.option("--timeout", type=float, default=180.0, show_default=True, callback=duration_callback,
               help="Seconds a case may run (first calls JIT-compile) before its worker is killed.")
-@click.option("--memory-limit", type=int, default=None, help="Address-space cap per CPU worker, MiB.")
+@click.option("--memory-limit", type=int, default=None, callback=count_callback,
+              help="Address-space cap per CPU worker, MiB.")
 @click.option("--no-timing", is_flag=True, help="Validate only; skip the timed shapes.")
 @click.option("--timed-dtypes", default="bfloat16,float16", show_default=True,
               help="Time passing cases of these dtypes only (the others are validated, not timed).")
-@click.option("--budget-ms", type=float, default=40.0, show_default=True,
+@click.option("--budget-ms", type=float, default=40.0, show_default=True, callback=duration_callback,
               help="Timing budget per shape after warm-up (at least 5 runs; the median is kept).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="What to probe. With --executor ray, `auto` is the fleet's GPUs if it has any, else its CPUs.")
@@ -195,6 +199,7 @@ def probe(backends, head_dims, features_spec, ops, dtypes, out, workers, gpus, t
       ray start --head && attnmatrix probe --executor ray --address auto -o fleet.jsonl
       attnmatrix probe --executor ray --address auto --arch sm_90 --arch sm_100 --backends fa4
     """
+    refuse_conflicts(click.get_current_context(), excludes=(("no_timing", "timed_dtypes"), ("no_timing", "budget_ms")))
     names = parse_backends(backends)
     timed = tuple(csv(timed_dtypes, DTYPES, "--timed-dtypes"))
     if executor == "ray":
@@ -335,7 +340,8 @@ def _probe_fleet(*, names, head_dims, features_spec, ops, dtypes, out: Path | No
                    "(default: attnmatrix-results/xcompile.jsonl).")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
               help="Compiling processes per target.")
-@click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds per compile.")
+@click.option("--timeout", type=float, default=900.0, show_default=True, callback=duration_callback,
+              help="Seconds per compile.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Keep the compiled kernels in FA4's persistent cache here (FLASH_ATTENTION_CUTE_DSL_CACHE_DIR).")
 @click.option("--json", "as_json", is_flag=True)
@@ -365,11 +371,14 @@ def xcompile(archs, backends, head_dims, features_spec, ops, dtypes, out, worker
                          "fa4 and vllm_fa4, compile without a GPU)")
     try:
         targets = [xc.normalize_target(a) for a in (archs or xc.DEFAULT_TARGETS)]
-        for t in targets:
-            xc.default_num_sms(t)  # an arch without a known SM count cannot be targeted
     except (CaseError, ValueError) as e:
         known = ", ".join(xc.DEFAULT_TARGETS)
         raise UsageError(f"--arch: {str(e).removeprefix('arch: ')} (compile targets: {known})") from None
+    # The CLI compiles for the known GPUs only: each target's SM count is part of the compiled kernel.
+    unknown = [t for t in targets if normalize_arch(t) not in xc.TARGETS]
+    if unknown:
+        raise UsageError(f"--arch: {', '.join(unknown)} is not a compile target this command knows the SM count "
+                         f"of (compile targets: {', '.join(xc.DEFAULT_TARGETS)})")
     cases = build_space(normalize_arch(targets[0]), names, head_dims, features_spec, ops, dtypes)
     path = out or DEFAULT_RESULTS / "xcompile.jsonl"
     _check_out(path)
@@ -403,7 +412,8 @@ def xcompile(archs, backends, head_dims, features_spec, ops, dtypes, out, worker
 @click.option("--no-probe", is_flag=True, help="Skip probing; only validate and summarize what is in --results-dir.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes (default: one per GPU, at least 2).")
-@click.option("--timeout", type=float, default=180.0, show_default=True)
+@click.option("--timeout", type=float, default=180.0, show_default=True, callback=duration_callback,
+              help="Seconds a case may run before its worker is killed.")
 def run(root, backends, head_dims, features_spec, ops, dtypes, results_dir, reprobe, no_probe, workers,
         timeout) -> None:
     """The main job: probe what this machine can, validate it, and show what it would change in the matrix.
@@ -419,6 +429,9 @@ def run(root, backends, head_dims, features_spec, ops, dtypes, results_dir, repr
     from attnmatrix.matrix.diff import diff_matrices
     from attnmatrix.matrix.policy import resolve
 
+    refuse_conflicts(click.get_current_context(), excludes=tuple(
+        ("no_probe", o) for o in ("reprobe", "backends", "head_dims", "features_spec", "ops", "dtypes", "workers",
+                                  "timeout")))
     proj = locate(root)
     base, problems = load(proj)
     if problems:

@@ -13,7 +13,15 @@ from attnmatrix.matrix.policy import ResolvedMatrix, describe, resolve
 from attnmatrix.vocabulary import DTYPES, FEATURE_INFO, FLAG, OPS, STATUSES, SUPPORTED, TIERS, arch_sort_key
 
 from . import main
-from .common import UsageError, head_size_callback, load_for_reading, locate, page_size_callback
+from .common import (
+    UsageError,
+    count_callback,
+    head_size_callback,
+    load_for_reading,
+    locate,
+    page_size_callback,
+    refuse_conflicts,
+)
 
 # --- reading the matrix ------------------------------------------------------------------------
 
@@ -78,7 +86,7 @@ def _feature_options(f):
 @_filters
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
               show_default=True, help="json prints one JSON object per cell (JSON Lines).")
-@click.option("--limit", type=int, default=None, help="Show at most this many cells.")
+@click.option("--limit", type=int, default=None, callback=count_callback, help="Show at most this many cells.")
 def show(arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier, extra, fmt, limit) -> None:
     """The resolved matrix: one row per cell, filtered. `--backend trtllm` matches every trtllm_* backend."""
     m = resolve(load_for_reading(locate(say=False), extra))
@@ -119,6 +127,7 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
     sinks, MLA dims), e.g. `attnmatrix explain --arch sm_90 --model gemma-2-9b --tp 2`."""
     if not arch and not capability:
         raise UsageError("give --arch or --capability")
+    refuse_conflicts(click.get_current_context(), excludes=(("arch", "capability"),))
     try:
         arch = normalize_arch(arch or capability)
     except CaseError as e:
