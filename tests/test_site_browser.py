@@ -267,3 +267,175 @@ def test_screenshot_of_the_support_matrix(site, tmp_path):
     rgb = pixels[..., :3].reshape(-1, 3)
     assert rgb.std() > 0.05  # not a blank page
     assert len({tuple(p) for p in (rgb[::97] * 255).round().astype(int).tolist()}) > 20  # text, table, colours
+
+
+# --- the query page and the tables, driven in the browser ------------------------------------------------
+
+# A page that opens a site page in a same-origin frame of a given width and runs `steps` on it, writing what it
+# found into its own DOM (a headless browser's --dump-dom then reads it).
+DRIVER_PAGE = """<!doctype html><html><body>
+<iframe id="f" style="width: WIDTHpx; height: 900px; border: 0" src="TARGET"></iframe>
+<pre id="out"></pre><script>
+const STEPS = STEPS_JSON;
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+async function until(fn, what) {
+  for (let i = 0; i < 400; i++) { const v = fn(); if (v) return v; await sleep(25); }
+  throw new Error("timed out waiting for " + what);
+}
+function choose(d, id, value) {
+  const s = d.getElementById(id);
+  if (![...s.options].some((o) => o.value === value)) throw new Error(id + " has no option " + value);
+  s.value = value; s.dispatchEvent(new Event("change"));
+}
+async function ask(d, q) {
+  await until(() => d.getElementById("am-query").dataset.ready, "the query page");
+  choose(d, "am-gpu", q.gpu); choose(d, "am-preset", q.preset || "");
+  if (!q.preset) {
+    choose(d, "am-op", q.op); choose(d, "am-dtype", q.dtype); choose(d, "am-hd", q.hd);
+    d.querySelectorAll("#am-flags input").forEach((i) => { i.checked = q.flags.includes(i.value); });
+    choose(d, "am-page", q.page || "");
+  }
+  const out = d.getElementById("am-result");
+  await until(() => out.dataset.state === "done" && out.dataset.query === q.expect, "the answer to " + q.expect);
+  return [...out.querySelectorAll(".am-answer")].map((b) => ({
+    key: b.dataset.key, title: b.querySelector("h3").textContent,
+    rows: [...b.querySelectorAll("[data-explain]")].map((e) => [e.dataset.backend, e.dataset.explain]),
+    links: [...b.querySelectorAll("a[href^='https://']")].length, text: b.textContent.slice(0, 3000)}));
+}
+function wideTables(d) {
+  d.querySelectorAll("details").forEach((x) => { x.open = true; });
+  const bad = [];
+  d.querySelectorAll(".md-content table").forEach((t, i) => {
+    const box = t.closest(".md-typeset__scrollwrap") || t.parentElement;
+    if (t.scrollWidth <= box.clientWidth + 1) return;
+    const first = t.querySelector("tbody tr td, tr th");
+    const sticky = first && getComputedStyle(first).position === "sticky";
+    if (!sticky) bad.push(i + ": " + t.rows[0].textContent.slice(0, 60));
+  });
+  return bad;
+}
+document.getElementById("f").onload = async () => {
+  const d = document.getElementById("f").contentDocument;
+  const result = {answers: [], wide: null, marks: 0, titled: 0};
+  try {
+    for (const q of STEPS) result.answers.push(await ask(d, q));
+    await sleep(200);
+    result.wide = wideTables(d);
+    const marks = [...d.querySelectorAll(".am-mark")];
+    result.marks = marks.length; result.titled = marks.filter((m) => m.title).length;
+  } catch (err) { result.error = String(err); }
+  document.getElementById("out").textContent = "RESULT " + JSON.stringify(result);
+};
+</script></body></html>
+"""
+
+
+def drive(tmp_path: Path, built: Path, base: str, target: str, steps: list[dict], width: int = 1440) -> dict:
+    name = f"driver-{len(list(built.glob('driver-*.html')))}.html"
+    (built / name).write_text(DRIVER_PAGE.replace("WIDTH", str(width)).replace("TARGET", target)
+                              .replace("STEPS_JSON", json.dumps(steps)), encoding="utf-8")
+    dom = chromium(tmp_path, f"--window-size={width + 40},1000", "--virtual-time-budget=60000", "--dump-dom",
+                   urljoin(base, name))
+    found = re.search(r'<pre id="out">RESULT (.*?)</pre>', dom, re.S)
+    assert found, f"the driver page never finished: {dom[-2000:]}"
+    result = json.loads(html.unescape(found.group(1)))
+    assert "error" not in result, result["error"]
+    return result
+
+
+def _step(arch: str, product: str, hd: int, flags: list[str], op: str = "prefill", dtype: str = "bfloat16",
+          page: str = "") -> dict:
+    feats = sorted(flags + ([f"paged_kv:{page}"] if page else []))
+    return {"gpu": f"{arch}|{product}", "op": op, "dtype": dtype, "hd": str(hd), "flags": flags, "page": page,
+            "expect": f"{arch}/{op}/{dtype}|{hd}|{hd}|{'+'.join(feats) or 'none'}"}
+
+
+def test_query_page_answers_what_the_engine_answers(site, tmp_path):
+    """Driven through its controls: the hand-built matrix's answers, in the engine's order and words."""
+    base, root = site
+    from attnmatrix.generator.capabilities import engine_for
+
+    m, _ = _test_matrix()
+    eng = engine_for(m)
+    steps = [_step("sm_90", "H100", 128, ["causal"]), _step("sm_90", "H200", 128, ["causal", "softcap"]),
+             _step("sm_90", "H200", 64, [], op="decode")]
+    result = drive(tmp_path, root / "built", base, "query/", steps)
+    (missing,) = result["answers"].pop()  # a combination nothing was probed on: no answer invented, the command
+    assert missing["rows"] == [] and "attnmatrix explain --arch sm_90 --op decode --dtype bfloat16 --head-size 64 " \
+        "--no-causal" in missing["text"]
+    for step, (block,) in zip(steps, result["answers"], strict=False):
+        dtype, hd, _, feats = step["expect"].split("/", 2)[2].split("|")
+        want = eng.explain_query("sm_90", step["op"], dtype, int(hd), int(hd),
+                                 () if feats == "none" else tuple(feats.split("+")))
+        assert block["rows"] == [list(x) for x in want.items()], step
+        assert block["title"].startswith("sm_90 — H100 / H200")
+
+
+def _real_site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("real-site")
+    out = root / "built"
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),
+                        "-d", str(out)], capture_output=True, text=True, cwd=root,
+                       env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def real_site(tmp_path_factory):
+    """The committed site, built and served (the published data, not a hand-built matrix)."""
+    out = _real_site(tmp_path_factory)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(out)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", out
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+PRESETS = ("gpt-oss-120b", "gemma-2-27b", "llama-3.1-8b")
+
+
+@pytest.mark.slow
+def test_b200_head_dim_256_sliding_window_and_three_presets(real_site, tmp_path):
+    """The question the page exists for, and three model presets, on the published data: each answer is the
+    shipped selector's `explain` (and its order `select_backends`), with citation links."""
+    from attnmatrix.matrix.models import load_models
+
+    from attnmatrix import selector
+    from attnmatrix.vocabulary import features_of
+
+    base, built = real_site
+    models = load_models()
+    steps = [_step("sm_100", "B200", 256, ["causal", "sliding_window"])]
+    steps += [{"gpu": "sm_100|B200", "preset": name, "expect": f"preset:{name}@sm_100"} for name in PRESETS]
+    result = drive(tmp_path, built, base, "query/", steps)
+    (b200,), *presets = result["answers"]
+    want = selector.explain((10, 0), 256, sliding_window=True)
+    assert b200["rows"] == [list(x) for x in want.items()]
+    shown = [b for b, t in b200["rows"] if t.startswith("supported ")]
+    assert shown and shown == selector.select_backends((10, 0), 256, sliding_window=True)
+    assert b200["links"] > 0  # citations are links
+    for name, blocks in zip(PRESETS, presets, strict=True):
+        mdl = models[name]
+        layers = [(ly, op) for ly in mdl.layers for op in ly.ops()]
+        assert len(blocks) == len(layers), name
+        for (ly, op), block in zip(layers, blocks, strict=True):
+            feats = features_of(**ly.query_params(op, mdl.tp))
+            want = selector._ENGINE.explain_query("sm_100", op, "bfloat16", ly.head_dim, ly.head_dim_v, feats)
+            assert block["rows"] == [list(x) for x in want.items()], (name, op)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [1440, 390])
+def test_wide_tables_keep_their_first_column_and_marks_have_titles(real_site, tmp_path, width):
+    """At desktop and phone widths, every table wider than its box (per-cell grids opened) scrolls with a
+    sticky first column; every evidence mark is a badge with a title."""
+    base, built = real_site
+    for target in ("archs/sm_90/", "support-matrix/"):
+        result = drive(tmp_path, built, base, target, [], width=width)
+        assert result["wide"] == [], (target, result["wide"])
+        assert result["marks"] > 100 and result["titled"] == result["marks"], target
