@@ -143,7 +143,46 @@ def check_refusal_covers_kernel(ev: Evidence) -> list[Problem]:
     return problems
 
 
-CHECKS = (check_cited_backend, check_page_table, check_no_machine_paths, check_refusal_covers_kernel)
+API_REFUSAL = "attnmatrix: the API cannot express this case:"  # kernels/probe.py, for an adapter's Unsupported
+
+
+def check_api_refusal_covers_feature(ev: Evidence) -> list[Problem]:
+    """An entry point that cannot express a feature (the adapter's "the API cannot express this case", recorded for
+    one kernel version on one arch) cannot express it on any cell: the features every cell refused with that reason
+    shares (the mask and MLA qualifiers aside) may not resolve supported elsewhere for that backend, version and
+    arch. Evidence from an older run of the same version (FA4's fp8 MLA prefill cells, compiled before the public
+    function's missing descales were refused) would otherwise keep cells the same call refuses everywhere else."""
+    from .policy import SUPPORTED, resolve
+
+    refusals: dict[tuple, list] = {}
+    for rec in ev.records:
+        if rec.outcome == "rejected" and (rec.reason or "").startswith(API_REFUSAL):
+            c = rec.case
+            refusals.setdefault((c.arch, c.backend, rec.kernel_version, rec.reason), []).append(
+                {feature_name(t) for t in c.features} - MASK_FEATURES - {"qk_rope"})
+    needs = {k: set.intersection(*sets) for k, sets in refusals.items()}
+    needs = {k: v for k, v in needs.items() if v}
+    if not needs:
+        return []
+    where_of = {id(r): w for r, w in zip(ev.records, ev.where, strict=True)}
+    by_block: dict[tuple, list] = {}
+    for cell in resolve(ev).cells.values():
+        if cell.status == SUPPORTED:
+            by_block.setdefault((cell.case.arch, cell.case.backend), []).append(cell)
+    problems = []
+    for (arch, backend, version, reason), feats in sorted(needs.items(), key=lambda kv: str(kv[0])):
+        for cell in by_block.get((arch, backend), ()):
+            if cell.kernel_version == version and feats <= {feature_name(t) for t in cell.case.features}:
+                f, line = _split(where_of.get(id(cell.winner), "matrix"))
+                problems.append(Problem(f, line, "outcome",
+                                        f"supported ({cell.tier}) with {', '.join(sorted(feats))}, which {backend} "
+                                        f"{version} refuses on {arch} as an API that cannot express it: {reason}",
+                                        cell.case.key))
+    return problems
+
+
+CHECKS = (check_cited_backend, check_page_table, check_no_machine_paths, check_refusal_covers_kernel,
+          check_api_refusal_covers_feature)
 
 
 def audit(ev: Evidence) -> list[Problem]:

@@ -158,3 +158,23 @@ def test_a_refusal_over_a_kernel_must_cover_its_other_cells(make_record) -> None
     ev = Evidence(records=[*wider, *recs[1:]], where=["d#test-fact", "d#test-fact", "s:1", "s:2", "s:3"],
                   backends=BACKENDS)
     assert A.check_refusal_covers_kernel(ev) == []
+
+
+# --- what the entry point cannot express, it cannot express on any cell ----------------------------------------------
+
+
+def test_an_api_refusal_covers_every_cell_with_the_feature(make_rec) -> None:
+    why = "attnmatrix: the API cannot express this case: no descale parameter"
+    refused = [make_rec(tier="compiled", backend="fa4", arch="sm_100", features=("causal", "fp8"), head_dim=hd,
+                        outcome="rejected", reason=why) for hd in (64, 128)]
+    old_pass = make_rec(tier="compiled", backend="fa4", arch="sm_100", features=("causal", "fp8"), op="mla_prefill",
+                        head_dim=192, head_dim_v=128, outcome="compiled")
+    unrelated = make_rec(tier="compiled", backend="fa4", arch="sm_100", features=("causal",), outcome="compiled")
+    recs = [*refused, old_pass, unrelated]
+    ev = Evidence(records=recs, where=[f"c.jsonl:{i + 1}" for i in range(len(recs))], backends=BACKENDS)
+    (p,) = A.check_api_refusal_covers_feature(ev)
+    assert (p.file, p.line, p.record) == ("c.jsonl", 3, old_pass.key) and "fp8" in p.message
+    other_arch = make_rec(tier="compiled", backend="fa4", arch="sm_90", features=("causal", "fp8"), op="mla_prefill",
+                          head_dim=192, head_dim_v=128, outcome="compiled")
+    ev = Evidence(records=[*refused, other_arch, unrelated], where=["c:1", "c:2", "c:3", "c:4"], backends=BACKENDS)
+    assert A.check_api_refusal_covers_feature(ev) == []
