@@ -1,17 +1,20 @@
 """Performance plots, from the resolved matrix alone: per arch, SVG bar charts of the measured cells.
 
-Which cells: supported, `validated` cells (not of test-only backends) whose winning record was timed and
-carries TFLOP/s (`ResolvedCell.tflops`, the median over the timed shapes, counting only unmasked work).
-Two panels per arch, one per workload (`PANELS`): causal bfloat16 prefill and causal bfloat16 decode, one bar
-per backend and head size. Per arch:
+Which cells: supported, `validated` cells (not of test-only backends) whose winning record was timed.
+Two panels per arch, one per workload (`PANELS`), in the unit people compare for it:
 
-- `site/plots/<arch>-tflops.svg`: TFLOP/s;
-- `site/plots/<arch>-peak.svg`: the same as a percentage of the bf16 matmul peak of the device model that
-  timed each cell: the highest `provenance["matmul_peak_tflops"]` any of the matrix's measured cells on that
-  device recorded. A peak is the device's ceiling, not a run's: each sweep measures it afresh
-  (`kernels.timing.matmul_peak`), and a run whose clocks or operands held it lower would otherwise read
-  as its cells running nearer the ceiling. A device with no recorded peak is left out; an arch where
-  none has one gets no such plot.
+- causal bfloat16 prefill, compute-bound: TFLOP/s (`ResolvedCell.tflops`, the median over the timed shapes,
+  counting only unmasked work), and as a percentage of the bf16 matmul peak of the device model that timed
+  it: the highest `provenance["matmul_peak_tflops"]` any of the matrix's measured cells on that device
+  recorded (a peak is the device's ceiling, not a run's: each sweep measures it afresh, and a run whose clocks
+  or operands held it lower would otherwise read as its cells running nearer the ceiling);
+- causal bfloat16 decode (one query token), memory-bound: GB/s of KV cache read (per timed shape, the K and V
+  bytes of that shape, `attnmatrix.matrix.shapes`, over its latency; the median over the shapes), and as a
+  percentage of the device's HBM bandwidth where matrix/data/gpus.json cites one (`generator.gpus`).
+
+`site/plots/<arch>-tflops.svg` holds the absolute figures, `site/plots/<arch>-peak.svg` the percentages (when
+some cell has a recorded peak or a cited bandwidth). Each panel names its timed shapes; each backend has a
+colour of the Okabe-Ito palette (safe for colour-blind readers) and a marker on its bars.
 
 An arch without measured cells gets no plot (the pages say so), and without any measurement anywhere
 matplotlib is not even imported.
@@ -29,12 +32,15 @@ from __future__ import annotations
 import io
 import math
 import re
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
 from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix, arch_sort_key
+from attnmatrix.matrix.shapes import timing_shape
 
 from . import tables as T
+from .gpus import load_gpus
 
 PLOT_DIR = "site/plots"
 KINDS = ("tflops", "peak")
@@ -48,17 +54,23 @@ class Panel:
     features: tuple[str, ...]
     title: str  # above the panel
     prose: str  # in the pages' text
+    unit: str  # the absolute figure's axis label
+    fraction: str  # the percentage's axis label
 
 
 PANELS = (
-    Panel("prefill", "bfloat16", ("causal",), "prefill, causal, bfloat16", "causal bfloat16 prefill"),
-    Panel("decode", "bfloat16", ("causal",), "decode (one query token), causal, bfloat16", "causal bfloat16 decode"),
+    Panel("prefill", "bfloat16", ("causal",), "prefill, causal, bfloat16", "causal bfloat16 prefill",
+          "TFLOP/s", "% of measured matmul peak"),
+    Panel("decode", "bfloat16", ("causal",), "decode (one query token), causal, bfloat16", "causal bfloat16 decode",
+          "GB/s of KV cache read", "% of HBM bandwidth"),
 )
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2}
 
-# Fixed colours, one per backend by its place in the backend order (the same backend has the same colour on
-# every arch of one matrix). Matplotlib's tab10 followed by a few darker ones.
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd")
+# One colour per backend by its place in the backend order (the same backend has the same colour on every arch
+# of one matrix): the Okabe-Ito palette, distinguishable with the common colour-vision deficiencies, and a marker
+# per backend on top of each bar; 8 colours and 7 markers give 56 distinct pairs.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LABELLED_BARS = 40  # a panel with more bars than this gets no value labels (they would overlap)
 FIGSIZE = (10.0, 7.5)  # inches; 720 x 540 pt in the SVG
 RC = {
@@ -83,9 +95,18 @@ class Point:
     backend: str
     head_dim: int
     head_dim_v: int
-    tflops: float
-    peak_fraction: float | None  # tflops / the device model's measured matmul peak, if any was recorded
+    value: float  # prefill: TFLOP/s; decode: GB/s of KV cache read
+    fraction: float | None  # of the device's matmul peak (prefill) or cited HBM bandwidth (decode), if known
     device: str
+    shapes: tuple[str, ...] = ()  # the timed shapes behind the figure
+
+    @property
+    def tflops(self) -> float:
+        return self.value
+
+    @property
+    def peak_fraction(self) -> float | None:
+        return self.fraction
 
 
 @dataclass(frozen=True)
@@ -99,6 +120,7 @@ class ArchPlots:
     tflops_path: str
     peak_path: str | None
     peaks: tuple[tuple[str, float], ...] = ()  # (device, the matmul peak its fractions divide by)
+    bandwidths: tuple[tuple[str, float, str], ...] = ()  # (device, cited HBM GB/s, its source) decode divides by
 
     @property
     def tflops_file(self) -> str:
@@ -112,7 +134,13 @@ class ArchPlots:
     @property
     def peak_exceeded(self) -> bool:
         """Some cell ran faster than the recorded matmul peak: that peak is then an underestimate."""
-        return any((pt.peak_fraction or 0) > 1.0 for _, pts in self.panels for pt in pts)
+        return any((pt.fraction or 0) > 1.0 for p, pts in self.panels if p.op != "decode" for pt in pts)
+
+    def shapes(self, panel: Panel) -> tuple[str, ...]:
+        """The timed shapes of a panel's points, described (`b64_kv4096: batch 64 x 4096 keys, 32 heads`)."""
+        pts = dict(self.panels).get(panel, ())
+        names = sorted({n for pt in pts for n in pt.shapes})
+        return tuple(s.describe() if (s := timing_shape(self.arch == "cpu", panel.op, n)) else n for n in names)
 
 
 def _peak(cell: ResolvedCell) -> float | None:
@@ -129,6 +157,20 @@ def is_measured(cell: ResolvedCell) -> bool:
     return cell.status == SUPPORTED and cell.tier == "validated" and t is not None and math.isfinite(t)
 
 
+def kv_read_gbps(cell: ResolvedCell) -> float | None:
+    """Decode's GB/s of KV cache read: per timed shape, batch x keys x KV heads x (D + Dv) x bytes per element
+    over its latency; the median over the shapes whose sizes `attnmatrix.matrix.shapes` knows. None if none."""
+    per = []
+    for t in cell.timings:
+        shape = timing_shape(cell.case.arch == "cpu", cell.case.op, t.shape)
+        if shape is None or not t.latency_ms or t.latency_ms <= 0:
+            continue
+        kv_bytes = (shape.batch * shape.seqlen_k * shape.heads_kv * (cell.case.head_dim + cell.case.head_dim_v)
+                    * DTYPE_BYTES[cell.case.dtype])
+        per.append(kv_bytes / (t.latency_ms * 1e-3) / 1e9)
+    return statistics.median(per) if per else None
+
+
 def _device(cell: ResolvedCell) -> str:
     return str(cell.timed_by.provenance.get("device", "")) if cell.timed_by else ""
 
@@ -143,32 +185,47 @@ def device_peaks(m: ResolvedMatrix) -> dict[str, float]:
     return peaks
 
 
-def _point(cell: ResolvedCell, peaks: dict[str, float]) -> Point:
+def _point(cell: ResolvedCell, peaks: dict[str, float]) -> Point | None:
+    shapes = tuple(sorted(t.shape for t in cell.timings))
+    if cell.case.op == "decode":
+        gbps = kv_read_gbps(cell)
+        if gbps is None:
+            return None
+        bw = load_gpus().devices.get(_device(cell))
+        return Point(cell.case.backend, cell.case.head_dim, cell.case.head_dim_v, gbps,
+                     None if bw is None else gbps / bw.gbps, _device(cell), shapes)
     t = float(cell.tflops)  # type: ignore[arg-type]
     peak = peaks.get(_device(cell))
     return Point(cell.case.backend, cell.case.head_dim, cell.case.head_dim_v, t,
-                 None if peak is None else t / peak, _device(cell))
+                 None if peak is None else t / peak, _device(cell), shapes)
 
 
 def plot_index(m: ResolvedMatrix) -> dict[str, ArchPlots]:
     """arch -> its plots, for every arch with measured cells in at least one panel (cheap: no matplotlib)."""
     per: dict[str, dict[Panel, list[Point]]] = defaultdict(lambda: defaultdict(list))
     peaks = device_peaks(m)
+    bandwidths = load_gpus().devices
     for c in T.public_cells(m):  # case order
         if not is_measured(c):
             continue
         for p in PANELS:
             if (c.case.op, c.case.dtype, c.case.features) == (p.op, p.dtype, p.features):
-                per[c.case.arch][p].append(_point(c, peaks))
+                pt = _point(c, peaks)
+                if pt is not None:
+                    per[c.case.arch][p].append(pt)
     out = {}
     for arch in sorted(per, key=arch_sort_key):
         panels = tuple((p, tuple(sorted(per[arch].get(p, []), key=_point_key))) for p in PANELS)
         points = [pt for _, pts in panels for pt in pts]
         backends = tuple(sorted({pt.backend for pt in points}, key=lambda b: T.backend_order_key(m, b, arch)))
-        has_peak = any(pt.peak_fraction is not None for pt in points)
-        out[arch] = ArchPlots(arch, backends, tuple(sorted({pt.device for pt in points if pt.device})), panels,
-                              f"{PLOT_DIR}/{arch}-tflops.svg", f"{PLOT_DIR}/{arch}-peak.svg" if has_peak else None,
-                              tuple((d, peaks[d]) for d in sorted({pt.device for pt in points} & peaks.keys())))
+        has_fraction = any(pt.fraction is not None for pt in points)
+        devices = {pt.device for pt in points}
+        decode_devices = {pt.device for p, pts in panels if p.op == "decode" for pt in pts}
+        out[arch] = ArchPlots(arch, backends, tuple(sorted(d for d in devices if d)), panels,
+                              f"{PLOT_DIR}/{arch}-tflops.svg", f"{PLOT_DIR}/{arch}-peak.svg" if has_fraction else None,
+                              tuple((d, peaks[d]) for d in sorted(devices & peaks.keys())),
+                              tuple((d, bandwidths[d].gbps, bandwidths[d].source)
+                                    for d in sorted(decode_devices & bandwidths.keys())))
     return out
 
 
@@ -176,10 +233,18 @@ def _point_key(pt: Point) -> tuple:
     return (pt.head_dim != pt.head_dim_v, pt.head_dim, pt.head_dim_v, pt.backend)
 
 
-def backend_colors(m: ResolvedMatrix) -> dict[str, str]:
+def _backend_order(m: ResolvedMatrix) -> list[str]:
     public = sorted((b for b in m.backends if not T.is_test_only(m, b)), key=lambda b: T.backend_order_key(m, b))
     extra = sorted({c.case.backend for c in T.public_cells(m)} - set(public))
-    return {b: PALETTE[i % len(PALETTE)] for i, b in enumerate([*public, *extra])}
+    return [*public, *extra]
+
+
+def backend_colors(m: ResolvedMatrix) -> dict[str, str]:
+    return {b: PALETTE[i % len(PALETTE)] for i, b in enumerate(_backend_order(m))}
+
+
+def backend_markers(m: ResolvedMatrix) -> dict[str, str]:
+    return {b: MARKERS[i % len(MARKERS)] for i, b in enumerate(_backend_order(m))}
 
 
 # --- drawing ----------------------------------------------------------------------------------------
@@ -200,22 +265,26 @@ def _dims(hd: int, hdv: int) -> str:
 
 def _value(pt: Point, kind: str) -> float | None:
     if kind == "tflops":
-        return pt.tflops
-    return None if pt.peak_fraction is None else 100.0 * pt.peak_fraction
+        return pt.value
+    return None if pt.fraction is None else 100.0 * pt.fraction
 
 
 def _draw_panel(ax, panel: Panel, points: tuple[Point, ...], kind: str, backends: tuple[str, ...],
-                colors: dict[str, str]) -> None:
+                colors: dict[str, str], markers: dict[str, str], shapes: tuple[str, ...]) -> None:
     vals = [(pt, v) for pt in points if (v := _value(pt, kind)) is not None]
-    ax.set_title(panel.title, loc="left")
+    ax.set_title(panel.title, loc="left", pad=14 if vals and shapes else 6)
     if not vals:
         ax.text(0.5, 0.5, "not measured on this arch" if kind == "tflops" else
-                "no measurement with a recorded matmul peak", transform=ax.transAxes, ha="center", va="center",
-                color="#555555")
+                ("no measurement with a recorded matmul peak" if panel.op != "decode" else
+                 "no measurement on a device with a cited HBM bandwidth"),
+                transform=ax.transAxes, ha="center", va="center", color="#555555")
         ax.set_xticks([])
         ax.set_yticks([])
         ax.grid(False)
         return
+    if shapes:  # the timed shapes behind every bar, named under the panel's title
+        ax.text(0.0, 1.015, plain("timed: " + "; ".join(shapes), 240), transform=ax.transAxes, ha="left",
+                va="bottom", fontsize=7, color="#444444")
     dims = sorted({(pt.head_dim, pt.head_dim_v) for pt, _ in vals}, key=lambda d: (d[0] != d[1], d))
     here = [b for b in backends if any(pt.backend == b for pt, _ in vals)]
     width = 0.8 / len(here)
@@ -225,40 +294,44 @@ def _draw_panel(ax, panel: Panel, points: tuple[Point, ...], kind: str, backends
             if pt.backend == b:
                 xs.append(dims.index((pt.head_dim, pt.head_dim_v)) - 0.4 + width * (i + 0.5))
                 ys.append(v)
-        bars = ax.bar(xs, ys, width=width * 0.92, color=colors[b], label=b)
+        bars = ax.bar(xs, ys, width=width * 0.92, color=colors[b], edgecolor="#222222", linewidth=0.4, label=b)
+        ax.plot(xs, ys, linestyle="none", marker=markers[b], markersize=5, color=colors[b],
+                markeredgecolor="#222222", markeredgewidth=0.6)
         if len(vals) <= LABELLED_BARS:
-            ax.bar_label(bars, labels=[f"{y:.3g}" for y in ys], padding=2, fontsize=7, rotation=90)
+            ax.bar_label(bars, labels=[f"{y:.3g}" for y in ys], padding=4, fontsize=7, rotation=90)
     ax.set_xticks(range(len(dims)), [_dims(*d) for d in dims])
     ax.set_xlim(-0.6, len(dims) - 0.4)
     ax.set_xlabel("head size (D, or D×Dv)")
-    ax.set_ylabel("TFLOP/s" if kind == "tflops" else "% of measured matmul peak")
+    ax.set_ylabel(panel.unit if kind == "tflops" else panel.fraction)
     top = max(v for _, v in vals)
-    ax.set_ylim(0, top * 1.25 if top > 0 else 1.0)
+    ax.set_ylim(0, top * 1.3 if top > 0 else 1.0)
 
 
-def render_svg(ap: ArchPlots, kind: str, colors: dict[str, str]) -> str:
+def render_svg(ap: ArchPlots, kind: str, colors: dict[str, str], markers: dict[str, str] | None = None) -> str:
     """One arch's plot as SVG text (without the attnmatrix header)."""
     import matplotlib
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+    from matplotlib.lines import Line2D
 
+    markers = markers or {b: MARKERS[i % len(MARKERS)] for i, b in enumerate(colors)}
     with matplotlib.rc_context():
         matplotlib.rcdefaults()  # matplotlib's built-in defaults, whatever the user's matplotlibrc says
         matplotlib.rcParams.update(RC)
         fig = Figure(figsize=FIGSIZE)
         axes = fig.subplots(len(PANELS), 1)
-        fig.subplots_adjust(left=0.08, right=0.80, top=0.86, bottom=0.08, hspace=0.45)
-        what = ("TFLOP/s by backend and head size" if kind == "tflops"
-                else "TFLOP/s as % of the measured bf16 matmul peak")
+        fig.subplots_adjust(left=0.08, right=0.80, top=0.84, bottom=0.08, hspace=0.6)
+        what = ("prefill TFLOP/s, decode GB/s of KV cache read" if kind == "tflops"
+                else "prefill % of matmul peak, decode % of HBM bandwidth")
         fig.suptitle(f"{ap.arch}: {what}", x=0.08, y=0.975, ha="left", fontsize=13)
         on = ", ".join(ap.devices) or "no device recorded"
         fig.text(0.08, 0.915, plain(f"validated cells, median over the timed shapes; measured on {on}"),
                  ha="left", va="center", color="#444444")
         for ax, (panel, points) in zip(axes, ap.panels, strict=True):
-            _draw_panel(ax, panel, points, kind, ap.backends, colors)
+            _draw_panel(ax, panel, points, kind, ap.backends, colors, markers, ap.shapes(panel))
         shown = {pt.backend for _, pts in ap.panels for pt in pts if _value(pt, kind) is not None}
-        handles = [Patch(facecolor=colors[b], label=b) for b in ap.backends if b in shown]
-        fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.81, 0.86), title="backend")
+        handles = [Line2D([], [], color=colors[b], linewidth=6, marker=markers[b], markersize=6,
+                          markeredgecolor="#222222", label=b) for b in ap.backends if b in shown]
+        fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.81, 0.84), title="backend")
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata=SVG_METADATA)
     # no trailing blanks (matplotlib ends path lines with one): whitespace fixers must not make the file stale
@@ -292,10 +365,11 @@ def render_plots(m: ResolvedMatrix, header: str) -> dict[str, str]:
         raise RuntimeError("the matrix has measured cells, and their performance plots need matplotlib: "
                            "pip install 'attnmatrix[docs]'") from e
     colors = backend_colors(m)
+    markers = backend_markers(m)
     head = header + f"<!-- Rendered with matplotlib {version}; other versions may give other bytes. -->\n"
     out = {}
     for ap in index.values():
-        out[ap.tflops_path] = with_header(render_svg(ap, "tflops", colors), head)
+        out[ap.tflops_path] = with_header(render_svg(ap, "tflops", colors, markers), head)
         if ap.peak_path is not None:
-            out[ap.peak_path] = with_header(render_svg(ap, "peak", colors), head)
+            out[ap.peak_path] = with_header(render_svg(ap, "peak", colors, markers), head)
     return out

@@ -27,8 +27,10 @@ from itertools import accumulate
 import torch
 from attnmatrix.matrix.cases import Case
 
+# The shapes live with the matrix (torch-free): the pages turn a timed shape's name back into its sizes.
+from attnmatrix.matrix.shapes import CPU_TIMING_SHAPES, TIMING_SHAPES, VALIDATION_SHAPES, WINDOW, Shape  # noqa: F401
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-WINDOW = 256  # left window of sliding-window cases (right = 0, as in causal local attention)
 GQA_RATIO = 4
 
 
@@ -75,17 +77,6 @@ class Unsupported(Exception):
 
     This is attnmatrix's statement about the API, not the kernel's; records say so.
     """
-
-
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    batch: int
-    seqlen_q: int
-    seqlen_k: int
-    heads_q: int
-    heads_kv: int
-    window: int = WINDOW  # left window of a sliding-window case on this shape
 
 
 @dataclass
@@ -237,26 +228,3 @@ def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu"
         seqlens_q=seqlens_q, seqlens_k=seqlens_k, page_size=case.page_size, fp8=case.has("fp8"),
         descale=descale,
     )
-
-
-# Shapes: a small one for validation against the reference, larger ones for timing. MLA prefill is
-# timed on the same shapes as prefill, so the two read side by side.
-# Their windows cut most of each row's keys (a window that cuts little cannot tell a kernel that drops it).
-_VAL_PREFILL = Shape("val", 2, 300, 300, 8, 8, window=64)
-VALIDATION_SHAPES = {"prefill": _VAL_PREFILL, "mla_prefill": _VAL_PREFILL,
-                     "decode": Shape("val", 4, 1, 700, 8, 8, window=192)}
-_PREFILL = [Shape("b1_s8192", 1, 8192, 8192, 16, 16), Shape("b8_s2048", 8, 2048, 2048, 16, 16),
-            Shape("b32_s512", 32, 512, 512, 16, 16)]
-TIMING_SHAPES = {
-    "prefill": _PREFILL, "mla_prefill": _PREFILL,
-    "decode": [Shape("b64_kv4096", 64, 1, 4096, 32, 32), Shape("b16_kv16384", 16, 1, 16384, 32, 32),
-               Shape("b256_kv1024", 256, 1, 1024, 32, 32)],
-}
-# The CPU is a pipeline smoke target: small shapes keep a sweep to seconds.
-_CPU_PREFILL = [Shape("b1_s512", 1, 512, 512, 4, 4), Shape("b2_s256", 2, 256, 256, 4, 4),
-                Shape("b4_s128", 4, 128, 128, 4, 4)]
-CPU_TIMING_SHAPES = {
-    "prefill": _CPU_PREFILL, "mla_prefill": _CPU_PREFILL,
-    "decode": [Shape("b8_kv1024", 8, 1, 1024, 4, 4), Shape("b4_kv2048", 4, 1, 2048, 4, 4),
-               Shape("b16_kv512", 16, 1, 512, 4, 4)],
-}

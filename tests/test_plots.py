@@ -21,6 +21,7 @@ from attnmatrix.generator.render import CHANGELOG_PATH, render_changelog
 from attnmatrix.matrix.evidence import Evidence, load_backends
 from attnmatrix.matrix.policy import resolve
 from attnmatrix.matrix.records import parse_record
+from attnmatrix.matrix.shapes import CPU_TIMING_SHAPES, TIMING_SHAPES
 
 # find_spec, not importorskip: one test checks that matplotlib is not imported when nothing is measured
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
@@ -50,7 +51,9 @@ def rec(arch, backend, op="prefill", hd=128, hdv=None, feats=("causal",), outcom
         d["reason"] = f"{backend} refused head size {hd}"
     if tflops is not None:
         vals = tflops if isinstance(tflops, list) else [tflops]
-        d["timings"] = [{"shape": f"s{i}", "latency_ms": 1.0 + i, "tflops": t} for i, t in enumerate(vals)]
+        shapes = (CPU_TIMING_SHAPES if arch == "cpu" else TIMING_SHAPES)[op]  # real names: decode's GB/s needs sizes
+        d["timings"] = [{"shape": shapes[i % len(shapes)].name, "latency_ms": 1.0 + i, "tflops": t}
+                        for i, t in enumerate(vals)]
     return parse_record(d)
 
 
@@ -102,8 +105,18 @@ def test_plot_index_selects_validated_timed_cells_per_arch():
     no_peak = next(p for p in pre_pts if p.backend == "sdpa_efficient")
     assert no_peak.tflops == 150.0 and no_peak.peak_fraction is None
     assert sm90.devices == ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+    # decode in GB/s of KV cache read: b64_kv4096 (64 x 4096 keys x 32 KV heads x (128 + 128) x 2 bytes) in 1 ms,
+    # and as a fraction of the H200's cited 4.8 TB/s
+    fa4_dec = next(p for p in dec_pts if (p.backend, p.head_dim) == ("fa4", 128))
+    assert fa4_dec.value == pytest.approx(64 * 4096 * 32 * 256 * 2 / 1e-3 / 1e9)
+    assert fa4_dec.fraction == pytest.approx(fa4_dec.value / 4800) and fa4_dec.shapes == ("b64_kv4096",)
+    assert sm90.bandwidths == (("NVIDIA H200", 4800.0, "https://www.nvidia.com/en-us/data-center/h200/"),)
+    assert sm90.shapes(decode) == ("b64_kv4096: batch 64 x 4096 keys, 32 heads",)
     cpu = idx["cpu"]
     assert cpu.backends == ("sdpa_cpu",) and cpu.peak_path is None  # CPU sweeps record no matmul peak
+    # the CPU's decode is plotted from its shapes and latencies, whatever its rounded TFLOP/s
+    (_, cpu_dec), = [(p, pts) for p, pts in cpu.panels if p.op == "decode"]
+    assert [round(pt.value, 2) for pt in cpu_dec] == [round(8 * 1024 * 4 * d * 2 / 1e-3 / 1e9, 2) for d in (128, 256)]
 
 
 def test_render_all_writes_one_svg_per_arch_and_kind():
@@ -135,7 +148,7 @@ def test_pages_embed_the_plots():
     sm = out["site/support-matrix.md"]
     assert "](plots/sm_90-tflops.svg)" in sm and "](plots/sm_90-peak.svg)" in sm
     assert "](plots/cpu-tflops.svg)" in sm and "](plots/cpu-peak.svg)" not in sm
-    assert "no fraction-of-peak plot" in sm
+    assert "no percentage plot" in sm
     assert "](../plots/sm_90-tflops.svg)" in out["site/archs/sm_90.md"]
     assert "](../plots/sm_90-peak.svg)" in out["site/archs/sm_90.md"]
     assert "](../plots/cpu-tflops.svg)" in out["site/archs/cpu.md"]
@@ -267,7 +280,8 @@ def test_changelog_rejects_a_malformed_previous():
 def test_peak_exceeded_flags_an_underestimated_peak() -> None:
     from attnmatrix.generator.plots import ArchPlots, Panel, Point
 
-    panel = Panel(op="prefill", dtype="bfloat16", features=("causal",), title="t", prose="p")
+    panel = Panel(op="prefill", dtype="bfloat16", features=("causal",), title="t", prose="p", unit="TFLOP/s",
+                  fraction="%")
 
     def plots(fraction: float) -> ArchPlots:
         pt = Point("fa4", 128, 128, 500.0, fraction, "H200")

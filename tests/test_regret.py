@@ -164,9 +164,9 @@ def test_comparison_cells_and_regret():
     assert not c.agree and c.kind == "slower" and c.measured
     assert c.regret(c.first) == 1.0 and c.regret(c.vllm_pick) == pytest.approx(4.0)
     row = VC.disagreement_row(c)
-    assert row.ratio == "2.00" and row.vllm_numbers == "2000.0 µs · 200.0 TFLOP/s"
-    assert row.amx_numbers == "1000.0 µs · 400.0 TFLOP/s"
-    assert "fastest validated here: sdpa_cudnn at 500.0 µs" in row.why
+    assert row.ratio == "2.00" and row.vllm_numbers == "2.0 ms · 200.0 TFLOP/s"
+    assert row.amx_numbers == "1.0 ms · 400.0 TFLOP/s"
+    assert "fastest validated here: sdpa_cudnn at 0.50 ms" in row.why
     c = _cmp(m, "sm_90", "prefill", 512, 512, C)
     assert c.vllm.backend == "vllm_fa4" and c.kind == "unsupported" and "512 is not supported on SM90" in VC.why(c)
     assert "FA3 does not support head_size=512 on SM90" in VC.why(c)

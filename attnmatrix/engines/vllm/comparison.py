@@ -26,6 +26,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnmatrix.generator import pages as PG
 from attnmatrix.generator import render as R
 from attnmatrix.generator import tables as T
 from attnmatrix.matrix.cases import OPS, feature_name
@@ -183,8 +184,9 @@ def comparisons(m: ResolvedMatrix, answers: O.Answers | None = None) -> list[Com
 
 # --- presentation helpers ---------------------------------------------------------------------------
 
-def fmt_us(ms: float | None) -> str:
-    return "–" if ms is None else f"{ms * 1000:.1f} µs"
+def fmt_ms(ms: float | None) -> str:
+    """A latency as every page writes one: ms, 2 significant figures (reruns vary by about ±10%)."""
+    return "–" if ms is None else f"{PG.sig2(ms)} ms"
 
 
 def fmt_tflops(x: float | None) -> str:
@@ -223,16 +225,16 @@ def why(c: Comparison) -> str:
         elif vp.latency_ms is None:
             parts.append(f"{head}; it is {vp.tier} here, unmeasured")
         else:
-            parts.append(f"{head}; measured {fmt_us(vp.latency_ms)}")
+            parts.append(f"{head}; measured {fmt_ms(vp.latency_ms)}")
     if ap.backend is None:
         parts.append(f"attnmatrix has no supported {c.decision} candidate here")
     elif ap.measured:
-        parts.append(f"attnmatrix picks {ap.backend}, measured {fmt_us(ap.latency_ms)}")
+        parts.append(f"attnmatrix picks {ap.backend}, measured {fmt_ms(ap.latency_ms)}")
     else:
         parts.append(f"attnmatrix picks {ap.backend} ({ap.tier}, {ap.reason})")
     f = c.fastest
     if f is not None and f.backend not in (ap.backend, vp.backend):
-        parts.append(f"fastest validated here: {f.backend} at {fmt_us(f.latency_ms)}")
+        parts.append(f"fastest validated here: {f.backend} at {fmt_ms(f.latency_ms)}")
     return "; ".join(parts)
 
 
@@ -251,7 +253,7 @@ class DisagreementRow:
 def _numbers(p: Pick) -> str:
     if not p.measured:
         return "–"
-    return f"{fmt_us(p.latency_ms)} · {fmt_tflops(p.tflops)}"
+    return f"{fmt_ms(p.latency_ms)} · {fmt_tflops(p.tflops)}"
 
 
 # Rows the page lists per (arch, kind) group: the counts cover every cell, `attnmatrix explain` any other cell.
