@@ -200,3 +200,16 @@ def preset_queries(m: ResolvedMatrix, presets: list[dict]) -> list[tuple[str, st
     archs = engine_for(m).archs
     return [(a, q["op"], q["dtype"], q["head_dim"], q["head_dim_v"], tuple(q["features"]))
             for p in presets for q in p["queries"] for a in archs]
+
+
+def mla_models(presets: list[dict]) -> dict[tuple[int, int, int], list[str]]:
+    """(qk_nope, qk_rope, v) -> the preset families with an MLA layer of that triple."""
+    out: dict[tuple[int, int, int], list[str]] = defaultdict(list)
+    for p in presets:
+        for q in p["queries"]:
+            rope = next((int(t.split(":")[1]) for t in q["features"] if t.startswith("qk_rope:")), None)
+            if q["op"] == "mla_prefill" and rope is not None:
+                key = (q["head_dim"] - rope, rope, q["head_dim_v"])
+                if p["family"] not in out[key]:
+                    out[key].append(p["family"])
+    return dict(out)

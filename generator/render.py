@@ -289,7 +289,8 @@ def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
     out[DATA_PAGE_PATH] = MD_ENV.get_template("data.md.j2").render(
         h=h, columns=[(c, *PG.COLUMN_DOCS[c]) for c in PG.CELL_COLUMNS], timing_columns=PG.TIMING_COLUMNS,
         schema=PG.CELLS_SCHEMA, files=sorted(p.removeprefix("site/") for p in out if p.startswith(PG.CELLS_DIR)))
-    out[MLA_PREFILL_PATH] = MD_ENV.get_template("mla-prefill.md.j2").render(h=h, archs=T.mla_tables(m))
+    out[MLA_PREFILL_PATH] = MD_ENV.get_template("mla-prefill.md.j2").render(h=h, archs=T.mla_tables(m, Q.mla_models(
+        presets) if presets else None))
     out[FA_VERSION_PATH] = MD_ENV.get_template("fa-version.md.j2").render(
         h=h, archs=T.fa_tables(m), common=T.FA_COMMON_HEAD_SIZES)
     out[CHANGELOG_PATH] = render_changelog(m, meta)

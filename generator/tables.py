@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from attnmatrix.matrix.cases import MLA_HEAD_DIMS
+from attnmatrix.matrix.cases import MLA_TRIPLES, qk_rope
 from attnmatrix.matrix.evidence import default_rank
 from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix
 
@@ -28,9 +28,8 @@ UNSUPPORTED_MARK = "X"
 UNKNOWN_MARK = "?"
 MARK_MEANING = {"V": "validated", "C": "compiled", "S": "shipped", "D": "declared", "X": "unsupported",
                 "?": "unknown"}
-# Labels for well-known MLA dims on the docs pages; presentation only.
-MLA_MODELS = {(192, 128): "DeepSeek-V3/R1: qk_nope 128 + qk_rope 64, v 128",
-              (256, 256): "GLM-5: qk_nope 192 + qk_rope 64, v 256"}
+# Without model presets, labels for well-known MLA (qk_nope, qk_rope, v) triples on the docs pages.
+MLA_MODELS = {(128, 64, 128): "DeepSeek-V3/R1", (192, 64, 256): "GLM-5"}
 
 
 # --- the shared vocabulary ----------------------------------------------------------------------
@@ -175,20 +174,33 @@ class MlaEntry:
     excluded: list[str]  # "backend: why"
 
 
-def mla_tables(m: ResolvedMatrix) -> list[tuple[str, list[MlaEntry]]]:
-    dims = sorted(set(MLA_HEAD_DIMS) | {(c.case.head_dim, c.case.head_dim_v) for c in public_cells(m)
-                                         if c.case.op == "mla_prefill"})
+def mla_triples(m: ResolvedMatrix) -> list[tuple[int, int, int]]:
+    """(qk_nope, qk_rope, v) triples the MLA page answers: the case space's, and every rope split probed."""
+    got = set(MLA_TRIPLES)
+    for c in public_cells(m):
+        rope = qk_rope(c.case.features) if c.case.op == "mla_prefill" else None
+        if rope is not None:
+            got.add((c.case.head_dim - rope, rope, c.case.head_dim_v))
+    return sorted(got, key=lambda t: (t[0] + t[1], t[2], t[1]))
+
+
+def mla_tables(m: ResolvedMatrix, models: dict[tuple[int, int, int], list[str]] | None = None
+               ) -> list[tuple[str, list[MlaEntry]]]:
+    """Per arch, one row per (qk_nope, qk_rope, v) triple: the one query `get_mla_prefill_backend_priorities`
+    asks (causal bfloat16 mla_prefill at qk_nope + qk_rope, v, with the rope split), its vLLM names, the order
+    and every excluded backend's reason, all from that same query."""
     names = mla_names(m)
+    models = models if models is not None else {t: [n] for t, n in MLA_MODELS.items()}
     out = []
     for arch in selector_archs(m):
         entries = []
-        for hd, hdv in dims:
-            q = make_query(arch, hd, hdv, op="mla_prefill")
+        for nope, rope, v in mla_triples(m):
+            q = Query(arch, "mla_prefill", "bfloat16", nope + rope, v, features_of(causal=True, qk_rope=rope))
             ordered, answers = query(m, q)
             expl = explain_query(m, q)
-            pr = mla_prefill_priorities(m, arch, hd - 64, 64, hdv) if hd > 64 else []
             entries.append(MlaEntry(
-                dims=f"qk {hd}, v {hdv}", model=MLA_MODELS.get((hd, hdv), ""), priorities=pr,
+                dims=f"{nope}, {rope}, {v}", model=", ".join(models.get((nope, rope, v), [])),
+                priorities=mla_prefill_priorities(m, arch, nope, rope, v),
                 order=[f"{a.backend} ({names.get(a.backend, 'no vLLM MLA prefill name')}): {a.tier}, "
                        f"{order_basis(m, q, a)}" for a in ordered],
                 excluded=[f"{a.backend}: {expl[a.backend]}" for a in sorted(answers, key=lambda a: a.backend)

@@ -211,3 +211,21 @@ def test_marks_render_without_an_emoji_font():
     js = (REPO / "site" / "javascripts" / "marks.js").read_text(encoding="utf-8")
     for mark, meaning in T.MARK_MEANING.items():  # the badges' titles say what the generator's marks mean
         assert re.search(rf'(?:\b{re.escape(mark)}|"{re.escape(mark)}"): "{meaning}"', js), mark
+
+
+def test_mla_page_answers_one_query_per_triple():
+    """Each row of the MLA page is keyed by its (qk_nope, qk_rope, v) triple, and its priorities are the
+    selector's answer for exactly that triple."""
+    from attnmatrix import selector
+
+    text = (REPO / "site" / "mla-prefill.md").read_text(encoding="utf-8")
+    assert "Only the sum" not in text
+    rows = 0
+    for section in text.split("\n## ")[1:]:
+        arch = section.split("\n", 1)[0].strip()
+        cap = (int(arch[3:-1]), int(arch[-1]))
+        for nope, rope, v, pri in re.findall(r"^\| (\d+), (\d+), (\d+) \| [^|]* \| ([^|]*) \|", section, re.M):
+            want = selector.get_mla_prefill_backend_priorities(cap, int(nope), int(rope), int(v))
+            assert (pri.split(" → ") if want else pri) == (want or "none: no supported backend"), (arch, nope, rope)
+            rows += 1
+    assert rows >= 4 * len(selector.ARCHS)
