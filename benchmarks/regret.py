@@ -305,9 +305,16 @@ def today_orders(rows: list[dict]) -> dict[tuple, list[str]]:
         if r["set"] != "check" or (r["layer"], r["op"]) in out:
             continue
         c = Case.from_key(r["case"])
-        feats = tuple(t for t in c.features if not t.startswith("paged_kv"))
-        answers = selector.ENGINE.query(c.arch, c.op, c.dtype, c.head_dim, c.head_dim_v, feats)
-        out[(r["layer"], r["op"])] = [a.backend for a in answers if a.status == "supported"]
+        flags: dict = {"causal": False}
+        for tok in c.features:
+            name, _, arg = tok.partition(":")
+            if name == "qk_rope":
+                flags[name] = int(arg)
+            elif name != "paged_kv":  # the vLLM profile's cache, not a feature of the layer
+                flags[name] = True
+        major, minor = int(c.arch[3:-1]), int(c.arch[-1])
+        out[(r["layer"], r["op"])] = selector.select_backends((major, minor), c.head_dim, c.head_dim_v, op=c.op,
+                                                              dtype=c.dtype, **flags)
     return out
 
 
