@@ -422,6 +422,7 @@ def test_cli_writes_answers_and_refuses_a_foreign_file(tmp_path, monkeypatch):
     monkeypatch.setattr(N, "EXECUTED", SYNTH_EXECUTED)
     monkeypatch.setattr(O, "fa_queries", lambda: [O.FaQuery((9, 0), 128, 128), O.FaQuery((8, 0), 64, 64)])
     monkeypatch.setattr(O, "mla_queries", lambda: [O.MlaQuery((10, 0), (128, 64, 128), "bfloat16")])
+    monkeypatch.setattr(O, "backend_queries", lambda: [])  # the synthetic tree has no CUDA platform module
     out = tmp_path / "answers.json"
     r = CliRunner().invoke(main, ["vllm-answers", "--wheel", str(root), "-o", str(out)])
     assert r.exit_code == 0, r.output
@@ -446,6 +447,10 @@ def test_committed_answers_cover_the_comparisons_question_space():
         for r in a.doc["flash_attn_version"]}
     assert {q.key() for q in O.mla_queries()} == {
         (A.parse_capability(r["capability"]), tuple(r["dims"]), r["dtype"]) for r in a.doc["mla_prefill"]}
+    assert {q.key() for q in O.backend_queries()} == {
+        O.BackendQuery(A.parse_capability(r["capability"]), r["head_size"], r["dtype"], r["has_sink"],
+                       r["has_sliding_window"], r["block_size"], r["kv_cache_dtype"]).key()
+        for r in a.doc["attention_backend"]}
     assert a.doc["vllm"]["wheel_sha256"] and all(f["in_record"] for f in a.doc["executed_files"])
 
 
@@ -458,10 +463,44 @@ def test_committed_answers_equal_a_fresh_run_of_the_release():
     with R.open_release(WHEEL) as rel:
         assert rel.version == committed["vllm"]["version"]
         fresh = O.run_answers(rel)
-    for k in ("flash_attn_version", "mla_prefill", "executed_files"):
+    for k in ("flash_attn_version", "mla_prefill", "attention_backend", "executed_files"):
         assert fresh[k] == committed[k], k
     # the seed checks, from vLLM's own code: FLASH_ATTN on Hopper for DeepSeek's dims; TRTLLM_RAGGED first for
     # GLM-5's on (10, 0)
     mla = {(r["capability"], tuple(r["dims"]), r["dtype"]): r for r in fresh["mla_prefill"]}
     assert mla[("9.0", (128, 64, 128), "bfloat16")]["priorities"] == ["FLASH_ATTN"]
     assert mla[("10.0", (192, 64, 256), "bfloat16")]["backend"] == "TRTLLM_RAGGED"
+
+
+# Seed checks of the whole decision, read off vLLM 0.33.0's source (platforms/cuda.py _get_backend_priorities:
+# FLASHINFER first on capability major 10, FLASH_ATTN first elsewhere; flash_attn.py supports_sink: capability
+# 9.0 and up; flashinfer.py get_supported_head_sizes: 64, 128, 256, ...): the committed answers must say the same.
+BACKEND_CASES = [
+    ((9, 0), 128, {}, "FLASH_ATTN", []),
+    ((10, 0), 128, {}, "FLASHINFER", []),
+    ((12, 0), 128, {}, "FLASH_ATTN", []),
+    ((8, 0), 128, {"has_sink": True}, "TRITON_ATTN", ["FLASH_ATTN", "FLASHINFER"]),
+    ((9, 0), 96, {}, "FLASH_ATTN", []),
+]
+
+
+@pytest.mark.parametrize("cap, head, params, backend, refused_before", BACKEND_CASES)
+def test_committed_attention_backend_choices(cap, head, params, backend, refused_before):
+    r = V.default_answers().backend(cap, head, "bfloat16", **params)
+    assert r["backend"] == backend, r
+    first = r["priorities"].index(backend)
+    assert [n for n, _ in r["refused"] if r["priorities"].index(n) < first] == refused_before
+    assert r["priorities"][0] == ("FLASHINFER" if cap[0] == 10 else "FLASH_ATTN")
+
+
+def test_a_routed_cell_is_not_a_flash_attention_answer():
+    a = V.default_answers()
+    c = V.vllm_choice(a, "sm_100", "prefill", "bfloat16", 128, 128, ("causal",))
+    assert (c.backend, c.label, c.routed) == (None, "FLASHINFER", True)
+    c = V.vllm_choice(a, "sm_80", "decode", "bfloat16", 128, 128, ("causal", "sinks"))
+    assert (c.label, c.routed) == ("TRITON_ATTN", True) and "sink not supported on compute capability" in c.why
+    c = V.vllm_choice(a, "sm_90", "prefill", "bfloat16", 128, 128, ("causal",))
+    assert (c.backend, c.routed) == ("vllm_fa3", False) and "picks FLASH_ATTN" in c.why
+    # a V head size of its own asks the version helper alone
+    c = V.vllm_choice(a, "sm_90", "prefill", "bfloat16", 192, 128, ("causal",))
+    assert not c.routed and "attention backend" not in c.why

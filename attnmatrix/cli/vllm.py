@@ -25,12 +25,14 @@ def vllm_answers(wheel: str, output: str | None, root: str | None) -> None:
     """Run a vLLM release's own selection code and write its answers as committed data.
 
     \b
-    Loads the release's get_flash_attn_version (fa_utils.py, with vllm_flash_attn's is_fa_version_supported)
-    and its MLA prefill choice (platforms/interface.py, mla/prefill/*.py) into a private namespace, with small
-    stand-ins for the GPU platform (the queried compute capability), the logger, vllm.envs and the config
-    (vLLM's defaults). No vLLM install, no GPU. It asks every question the comparison page
-    (site/vllm-comparison.md) asks: the matrix's GPU archs x head dims x the get_flash_attn_version arguments
-    of the probed feature sets (ALiBi, sinks, softcap, KV block size), and the MLA triples x dtypes.
+    Loads the release's attention backend choice (platforms/cuda.py's priority list and walk, each backend's
+    validate_configuration), its get_flash_attn_version (fa_utils.py, with vllm_flash_attn's
+    is_fa_version_supported) and its MLA prefill choice (platforms/interface.py, mla/prefill/*.py) into a
+    private namespace, with small stand-ins for the GPU platform (the queried compute capability), the logger,
+    vllm.envs and the config (vLLM's defaults). No vLLM install, no GPU. It asks every question the comparison
+    page (site/vllm-comparison.md) asks: the matrix's GPU archs x head dims x the backend-choice inputs (dtype,
+    sinks, sliding window, KV block size, fp8 KV cache) and get_flash_attn_version arguments (ALiBi, sinks,
+    softcap, KV block size) of the probed feature sets, and the MLA triples x dtypes.
 
     \b
     The file records the vLLM version, the wheel's name and sha256, and the path and sha256 of every vLLM

@@ -54,6 +54,20 @@ def fa_params(features: Iterable[str]) -> dict:
             "kv_cache_block_size": int(block.partition(":")[2]) if block else None}
 
 
+def backend_params(features: Iterable[str]) -> dict:
+    """The inputs of vLLM's attention backend choice a matrix feature set stands for: sinks, a sliding window,
+    a paged-KV block size (as if given with --block-size), and an fp8 KV cache for an fp8 cell (vLLM's fp8 is a
+    KV-cache dtype; the matrix's fp8 cells are fp8 Q, K and V). ALiBi and softcap do not enter the choice (they
+    enter get_flash_attn_version)."""
+    from attnmatrix.matrix.cases import feature_name
+
+    names = {feature_name(f): f for f in features}
+    block = names.get("paged_kv")
+    return {"has_sink": "sinks" in names, "has_sliding_window": "sliding_window" in names,
+            "block_size": int(block.partition(":")[2]) if block else None,
+            "kv_cache_dtype": "fp8" if "fp8" in names else "auto"}
+
+
 # --- the answers file ---------------------------------------------------------------------------------------
 
 def dumps_answers(doc: dict) -> str:
@@ -111,6 +125,19 @@ class Answers:
     def mla(self, capability: tuple[int, int], dims: tuple[int, int, int], dtype: str) -> dict | None:
         return self._mla.get((cap_text(capability), tuple(dims), dtype))
 
+    def backend(self, capability: tuple[int, int], head_size: int, dtype: str, **params: Any) -> dict | None:
+        """The recorded attention backend choice (None where the file has none: an older answers file, or a
+        question outside the recorded space)."""
+        return self._backend.get((cap_text(capability), head_size, dtype, params.get("has_sink", False),
+                                  params.get("has_sliding_window", False), params.get("block_size"),
+                                  params.get("kv_cache_dtype", "auto")))
+
+    @property
+    def _backend(self) -> dict:
+        return self.__dict__.setdefault("_backend_index", {
+            (r["capability"], r["head_size"], r["dtype"], r["has_sink"], r["has_sliding_window"], r["block_size"],
+             r["kv_cache_dtype"]): r for r in self.doc.get("attention_backend", [])})
+
     @property
     def _fa(self) -> dict:
         return self.__dict__.setdefault("_fa_index", {
@@ -127,6 +154,8 @@ REQUIRED = {"schema", "vllm", "executed_files", "flash_attn_version", "mla_prefi
 FA_FIELDS = {"capability", "head_size", "head_size_v", "requires_alibi", "has_sinks", "requires_softcap",
              "kv_cache_block_size", "version", "log"}
 MLA_FIELDS = {"capability", "dims", "dtype", "priorities", "refused", "backend", "fa_version", "pads_v", "log"}
+BACKEND_FIELDS = {"capability", "head_size", "dtype", "has_sink", "has_sliding_window", "block_size", "kv_cache_dtype",
+                  "priorities", "refused", "backend", "log"}
 
 
 def load_answers(path: str | os.PathLike) -> Answers:
@@ -141,8 +170,11 @@ def load_answers(path: str | os.PathLike) -> Answers:
     missing = REQUIRED - set(doc)
     if missing:
         raise OracleError(f"{p}: missing fields {', '.join(sorted(missing))}")
-    for kind, fields in (("flash_attn_version", FA_FIELDS), ("mla_prefill", MLA_FIELDS)):
-        for i, r in enumerate(doc[kind]):
+    if not isinstance(doc.get("attention_backend", []), list):
+        raise OracleError(f"{p}: attention_backend: expected a list")
+    for kind, fields in (("flash_attn_version", FA_FIELDS), ("mla_prefill", MLA_FIELDS),
+                         ("attention_backend", BACKEND_FIELDS)):
+        for i, r in enumerate(doc.get(kind, [])):
             if not isinstance(r, dict) or fields - set(r):
                 lack = sorted(fields - set(r)) if isinstance(r, dict) else ["(not an object)"]
                 raise OracleError(f"{p}: {kind}[{i}]: missing {', '.join(lack)}")

@@ -37,8 +37,13 @@ from . import names as V
 
 FA_DECISION, MLA_DECISION = "FlashAttention version", "MLA prefill backend"
 # Why attnmatrix and vLLM disagree, in page order: (kind, column header, what it means).
+# Rerun noise: a latency measured twice differs by up to this ratio in 95% of cells (p95 of the ratios of 200 sm_90
+# cells timed in two runs, benchmarks/results/rerun_variance.json `latency_ratio.p95`; a test keeps the two equal).
+# A measured pick slower than attnmatrix's by no more than this is a tie, not a disagreement.
+RERUN_NOISE = 1.162
 KINDS = (
-    ("slower", "vLLM's pick slower", "both measured, vLLM's pick slower"),
+    ("slower", "vLLM's pick slower",
+     f"both measured, vLLM's pick slower by more than the rerun noise (×{RERUN_NOISE})"),
     ("unmeasured", "vLLM's pick unmeasured", "vLLM's pick supported but unmeasured, attnmatrix's measured"),
     ("unsupported", "vLLM's pick unsupported", "vLLM's pick is unsupported by the evidence"),
     ("no_evidence", "no evidence for vLLM's pick", "no evidence for vLLM's pick here"),
@@ -46,6 +51,14 @@ KINDS = (
     ("by_rank", "neither measured",
      "neither measured: attnmatrix orders by declared ranking or the arch's default rank"),
 )
+# Differences that are not disagreements about this decision: (kind, column header, what it means).
+NOT_DISAGREEMENTS = (
+    ("routed", "vLLM routes elsewhere",
+     "vLLM's attention backend choice is not FLASH_ATTN here (its priority list and validate_configuration pick "
+     "FLASHINFER, TRITON_ATTN, ...): the FlashAttention version is not what vLLM runs"),
+    ("tie", "within noise", f"both measured, the two picks within the rerun noise (×{RERUN_NOISE}) of each other"),
+)
+REAL = tuple(k for k, _, _ in KINDS)
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,8 @@ class Comparison:
         if self.agree:
             return None
         vp, ap = self.vllm_pick, self.amx_pick
+        if self.vllm.routed:
+            return "routed"
         if self.vllm.backend is None:
             return "vllm_none"
         if vp.status == UNSUPPORTED:
@@ -100,7 +115,7 @@ class Comparison:
         if vp.status != SUPPORTED:
             return "no_evidence"
         if vp.measured and ap.measured:
-            return "slower"
+            return "slower" if vp.latency_ms > ap.latency_ms * RERUN_NOISE else "tie"
         if ap.measured:
             return "unmeasured"
         return "by_rank"
@@ -171,7 +186,8 @@ def compare_cell(m: ResolvedMatrix, q: T.Query, vllm_answers: O.Answers) -> Comp
     timed = [a for a in ordered if a.latency_ms is not None and a.tier == "validated"]
     fastest_a = min(timed, key=lambda a: (a.latency_ms, a.backend)) if timed else None
     fastest = _pick(m, q, fastest_a, fastest_a.backend) if fastest_a else None
-    covered = amx_pick.backend is not None or vp.status in (SUPPORTED, UNSUPPORTED)
+    # vLLM's own answer routing the cell away from FlashAttention says something about the decision too
+    covered = amx_pick.backend is not None or vp.status in (SUPPORTED, UNSUPPORTED) or vc.routed
     return Comparison(q, decision, vc, vp, amx_pick, first, fastest, len(timed), covered)
 
 
@@ -275,7 +291,9 @@ class SummaryRow:
     decision: str
     compared: int
     agree: int
-    disagree: int
+    routed: int  # vLLM routes the cell to another backend (not a disagreement about this decision)
+    tie: int  # both measured, within the rerun noise
+    disagree: int  # real disagreements: the sum of `kinds`
     kinds: list[int]  # per KINDS
     not_covered: int
 
@@ -293,6 +311,7 @@ class RegretRow:
     vllm_unmeasured: int  # vLLM's pick supported but not timed (or not validated)
     vllm_unsupported: int
     vllm_no_evidence: int  # unknown, or vLLM has no (probed) choice
+    vllm_routed: int  # vLLM's attention backend is not FLASH_ATTN
 
 
 @dataclass
@@ -308,7 +327,9 @@ class ComparisonPage:
     disagreements: list[ArchDisagreements]
     total_compared: int
     total_agree: int
-    total_disagree: int
+    total_routed: int
+    total_tie: int
+    total_disagree: int  # real disagreements
     total_not_covered: int
 
 
@@ -326,12 +347,13 @@ def regret_rows(cs: list[Comparison]) -> list[RegretRow]:
         unmeasured = sum(1 for c, r in zip(group, vl, strict=True)
                          if r is None and c.vllm_pick.status == SUPPORTED)
         unsupported = sum(1 for c in group if c.vllm_pick.status == UNSUPPORTED)
-        no_ev = sum(1 for c in group if c.vllm_pick.status not in (SUPPORTED, UNSUPPORTED))
+        routed = sum(1 for c in group if c.vllm.routed)
+        no_ev = sum(1 for c in group if c.vllm_pick.status not in (SUPPORTED, UNSUPPORTED) and not c.vllm.routed)
         out.append(RegretRow(
             arch, op, len(group),
             fmt_ratio(statistics.median(amx_vals)) if amx_vals else "–", fmt_ratio(max(amx_vals, default=None)),
             len(vl_vals), fmt_ratio(statistics.median(vl_vals)) if vl_vals else "–",
-            fmt_ratio(max(vl_vals, default=None)), unmeasured, unsupported, no_ev))
+            fmt_ratio(max(vl_vals, default=None)), unmeasured, unsupported, no_ev, routed))
     return out
 
 
@@ -346,19 +368,20 @@ def comparison_page(m: ResolvedMatrix, answers: O.Answers | None = None) -> Comp
                 continue
             cov = [c for c in d if c.covered]
             kinds = Counter(c.kind for c in cov if not c.agree)
-            summary.append(SummaryRow(arch, decision, len(cov), sum(c.agree for c in cov),
-                                      sum(not c.agree for c in cov), [kinds.get(k, 0) for k, _, _ in KINDS],
+            summary.append(SummaryRow(arch, decision, len(cov), sum(c.agree for c in cov), kinds["routed"],
+                                      kinds["tie"], sum(kinds[k] for k in REAL), [kinds.get(k, 0) for k in REAL],
                                       len(d) - len(cov)))
         sections = []
-        for kind, _, meaning in KINDS:
+        for kind, _, meaning in (*KINDS, *NOT_DISAGREEMENTS):
             rows = [disagreement_row(c) for c in mine if c.covered and c.kind == kind]
             if rows:
                 sections.append((meaning, rows))
         if sections:
             arch_rows.append(ArchDisagreements(arch, sections))
     covered = [c for c in cs if c.covered]
+    kinds = Counter(c.kind for c in covered if not c.agree)
     return ComparisonPage(summary, regret_rows(cs), arch_rows, len(covered), sum(c.agree for c in covered),
-                          sum(not c.agree for c in covered), len(cs) - len(covered))
+                          kinds["routed"], kinds["tie"], sum(kinds[k] for k in REAL), len(cs) - len(covered))
 
 
 # --- where vLLM's answers came from, for the page ----------------------------------------------------
@@ -373,6 +396,7 @@ class ReleaseInfo:
     answers_path: str
     n_fa: int
     n_mla: int
+    n_backend: int
 
 
 def release_info(answers: O.Answers, answers_path: str) -> ReleaseInfo:
@@ -380,7 +404,7 @@ def release_info(answers: O.Answers, answers_path: str) -> ReleaseInfo:
     return ReleaseInfo(d["vllm"]["version"], d["vllm"].get("wheel"), d["vllm"].get("wheel_sha256"),
                        [(f["path"], f["sha256"]) for f in d["executed_files"]],
                        [(s["module"], s["replaces"]) for s in d.get("stand_ins", [])], answers_path,
-                       len(d["flash_attn_version"]), len(d["mla_prefill"]))
+                       len(d["flash_attn_version"]), len(d["mla_prefill"]), len(d.get("attention_backend", [])))
 
 
 def mapping_rows(m: ResolvedMatrix) -> list[tuple[str, str]]:
@@ -391,17 +415,19 @@ def mapping_rows(m: ResolvedMatrix) -> list[tuple[str, str]]:
 def print_regret(m: ResolvedMatrix, answers: O.Answers | None = None) -> str:
     """The regret table and the agreement summary as plain text (what `benchmarks/vllm_regret.py` prints)."""
     page = comparison_page(m, answers)
-    lines = [f"compared cells: {page.total_compared}, agree {page.total_agree}, disagree {page.total_disagree}, "
+    lines = [f"compared cells: {page.total_compared}, agree {page.total_agree}, vLLM routes elsewhere "
+             f"{page.total_routed}, within noise {page.total_tie}, disagree {page.total_disagree}, "
              f"not covered {page.total_not_covered}",
              "arch     op           cells  amx-median amx-max  vllm-measured vllm-median vllm-max  "
-             "vllm-unmeasured vllm-unsupported vllm-no-evidence"]
+             "vllm-unmeasured vllm-unsupported vllm-no-evidence vllm-routed"]
     for r in page.regret:
         lines.append(f"{r.arch:<8} {r.op:<12} {r.cells:>5}  {r.amx_median:>10} {r.amx_max:>7}  {r.vllm_measured:>13} "
                      f"{r.vllm_median:>11} {r.vllm_max:>8}  {r.vllm_unmeasured:>15} {r.vllm_unsupported:>16} "
-                     f"{r.vllm_no_evidence:>16}")
+                     f"{r.vllm_no_evidence:>16} {r.vllm_routed:>11}")
     for s in page.summary:
         kinds = ", ".join(f"{k} {n}" for (k, _, _), n in zip(KINDS, s.kinds, strict=True) if n)
-        lines.append(f"{s.arch} {s.decision}: {s.compared} compared, {s.agree} agree, {s.disagree} disagree"
+        lines.append(f"{s.arch} {s.decision}: {s.compared} compared, {s.agree} agree, {s.routed} routed elsewhere, "
+                     f"{s.tie} within noise, {s.disagree} disagree"
                      + (f" ({kinds})" if kinds else "") + f", {s.not_covered} not covered")
     return "\n".join(lines)
 
@@ -418,7 +444,7 @@ def render_pages(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
     vLLM's recorded answers: meta["vllm_answers"] (a path; the checkout's own) or the package's."""
     answers = O.load_answers(meta["vllm_answers"]) if meta.get("vllm_answers") else V.default_answers()
     text = R.markdown_env(TEMPLATES).get_template("vllm-comparison.md.j2").render(
-        h=R.header(m, meta), page=comparison_page(m, answers), kinds=KINDS,
+        h=R.header(m, meta), page=comparison_page(m, answers), kinds=KINDS, others=NOT_DISAGREEMENTS, noise=RERUN_NOISE,
         release=release_info(answers, f"matrix/data/vllm/{Path(answers.path).name}"), mapping=mapping_rows(m),
         sources=list(V.VLLM_SOURCES), max_rows=DISAGREEMENT_ROWS)
     return {PAGE_PATH: text}

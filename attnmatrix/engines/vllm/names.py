@@ -17,10 +17,15 @@ FLASHINFER -> `flashinfer_cutlass` (vLLM builds `BatchPrefillWithRaggedKVCacheWr
 priority lists; vLLM's CUDNN MLA prefill calls FlashInfer's `cudnn_batch_prefill_with_kv_cache`, not PyTorch
 SDPA, so `sdpa_cudnn`'s numbers would stand for a different code path).
 
-A cell's question: prefill and decode ask `get_flash_attn_version` with the cell's head sizes, ALiBi,
-sinks, softcap and paged-KV block size (vLLM 0.33.0 takes no local-attention argument; the other features do
-not enter it). mla_prefill asks the MLA prefill choice for the MLA triple(s) of the cell's (qk, v) head
-dims (`matrix.cases.MLA_TRIPLES`) and its dtype.
+A cell's question is vLLM's whole decision. Prefill and decode (equal head sizes) first ask the attention
+backend choice of vLLM's CUDA platform (its priority list for the capability, each backend's
+`validate_configuration` with the cell's head size, dtype, sinks, sliding window, paged-KV block size and fp8 KV
+cache); where that is FLASH_ATTN they ask `get_flash_attn_version` with the cell's head sizes, ALiBi, sinks,
+softcap and block size (vLLM 0.33.0 takes no local-attention argument), and where it is another backend the cell
+is *routed* (`VllmChoice.routed`): the FA version is then not what vLLM runs. Cells with a V head size of its
+own ask the version helper alone (a decoder layer has one head size). mla_prefill asks the MLA prefill choice
+(priority walk and validate_configuration) for the MLA triple(s) of the cell's (qk, v) head dims
+(`matrix.cases.MLA_TRIPLES`) and its dtype.
 """
 
 from __future__ import annotations
@@ -144,6 +149,7 @@ class VllmChoice:
     label: str  # vLLM's own words: "FLASH_ATTN FA3", "TRTLLM_RAGGED", "none"
     why: str  # what vLLM's code said on the way (its log lines, the priorities and refusals)
     pads_v: bool = False
+    routed: bool = False  # vLLM's attention backend choice is not FLASH_ATTN: its FA version is not what it runs
 
 
 capability_of = A.capability_of
@@ -190,12 +196,29 @@ def vllm_choice(answers: A.Answers, arch: str, op: str, dtype: str, head_dim: in
         if r["backend"] is None:
             return VllmChoice(None, "none", why)
         return VllmChoice(names.backend_for(r["backend"], r["fa_version"]), _mla_label(r), why, bool(r["pads_v"]))
+    # The whole decision: the attention backend (priority list, each backend's validate_configuration), then,
+    # for FLASH_ATTN, the FlashAttention version. A decoder layer has one head size: cells with another V head
+    # size ask the version helper alone.
+    decision, chosen = "", FLASH_ATTN
+    d = answers.backend(cap, head_dim, dtype, **A.backend_params(features)) if head_dim == head_dim_v else None
+    if d is not None:
+        refused = "; ".join(f"{n} refused ({', '.join(why)})" for n, why in d["refused"]
+                            if d["backend"] is None or d["priorities"].index(n) < d["priorities"].index(d["backend"]))
+        decision = (f"{version} attention backend: priorities {' > '.join(d['priorities'])}"
+                    + (f"; {refused}" if refused else "") + f"; picks {d['backend'] or 'none'}")
+        chosen = d["backend"]
+        if chosen is None:
+            return VllmChoice(None, "none", decision + " (no valid backend)")
+        if chosen != FLASH_ATTN:
+            return VllmChoice(None, chosen, decision, routed=True)
     params = A.fa_params(features)
     r = answers.fa(cap, head_dim, head_dim_v, **params)
     if r is None:
         return VllmChoice(None, "none", f"no {version} answer recorded for get_flash_attn_version on {arch} at "
                                         f"{head_dim}x{head_dim_v} {params}; regenerate with `attnmatrix vllm-answers`")
     why = f"{version} get_flash_attn_version: " + (_log_text(r["log"]) or "its default for this capability")
+    if decision:
+        why = f"{decision}; {why}"
     if r["version"] is None:
         return VllmChoice(None, "none", why + " (no FlashAttention version)")
     return VllmChoice(names.backend_for(FLASH_ATTN, r["version"]), f"FLASH_ATTN FA{r['version']}", why)

@@ -99,7 +99,7 @@ def _logger_mod(ns: Namespace) -> types.ModuleType:
 
 # vLLM's defaults for the environment variables the selection reads (vllm/envs.py), fixed here so the
 # user's environment cannot change the answers.
-ENV_DEFAULTS: dict[str, Any] = {"VLLM_BATCH_INVARIANT": False}
+ENV_DEFAULTS: dict[str, Any] = {"VLLM_BATCH_INVARIANT": False, "VLLM_HAS_FLASHINFER_CUBIN": False}
 
 
 def _envs_mod(ns: Namespace) -> types.ModuleType:
@@ -136,10 +136,21 @@ def _platforms_mod(ns: Namespace) -> types.ModuleType:
     return mod
 
 
+# The fields of vLLM's default VllmConfig that the selection reads, at their defaults in the release
+# (vllm/config/attention.py: AttentionConfig.use_trtllm_attention = None, i.e. not forced either way).
+DEFAULT_CONFIG_FIELDS: dict[str, dict[str, Any]] = {"attention_config": {"use_trtllm_attention": None}}
+
+
+def _default_config() -> Any:
+    return types.SimpleNamespace(**{k: types.SimpleNamespace(**v) for k, v in DEFAULT_CONFIG_FIELDS.items()})
+
+
 def _config_mod(ns: Namespace) -> types.ModuleType:
     mod = types.ModuleType("vllm.config")
+    mod.__path__ = []  # a package: vllm.config.cache and vllm.config.utils are executed from the release
     mod.get_current_vllm_config_or_none = lambda: None  # type: ignore[attr-defined]
-    return mod
+    mod.get_current_vllm_config = _default_config  # type: ignore[attr-defined]
+    return _on_missing_attribute(mod, lambda attr: Unrunnable(f"vllm.config.{attr}"))
 
 
 def _import_utils_mod(ns: Namespace) -> types.ModuleType:
@@ -153,17 +164,30 @@ def _import_utils_mod(ns: Namespace) -> types.ModuleType:
         return getattr(ns.import_module(module_name), obj)
 
     mod.resolve_obj_by_qualname = resolve_obj_by_qualname  # type: ignore[attr-defined]
+    mod.import_pynvml = lambda: _inert_module("pynvml", "NVML: no GPU is read")  # type: ignore[attr-defined]
     return mod
 
 
-def _kv_cache_interface_mod(ns: Namespace) -> types.ModuleType:
-    mod = types.ModuleType("vllm.v1.kv_cache_interface")
+def _kernel_decorator(qualname: str) -> Callable[..., Any]:
+    """`@triton.jit` and `@triton.jit(...)`: the decorated kernel becomes Unrunnable (defined, never launched)."""
 
-    def is_quantized_kv_cache(dtype: Any) -> bool:
-        raise OracleError("is_quantized_kv_cache was called: the default configuration has no cache config")
+    def decorate(*args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            return Unrunnable(f"{qualname}-decorated kernel {getattr(args[0], '__name__', '?')}")
+        return decorate
 
-    mod.is_quantized_kv_cache = is_quantized_kv_cache  # type: ignore[attr-defined]
-    return mod
+    return decorate
+
+
+def _triton_utils_mod(ns: Namespace) -> types.ModuleType:
+    mod = types.ModuleType("vllm.triton_utils")
+    triton = _inert_module("triton", "Triton: kernels are defined at import, never launched")
+    for deco in ("jit", "autotune", "heuristics"):
+        setattr(triton, deco, _kernel_decorator(f"triton.{deco}"))
+    mod.triton = triton  # type: ignore[attr-defined]
+    mod.tl = _inert_module("triton.language", "triton.language")  # type: ignore[attr-defined]
+    mod.HAS_TRITON = True  # type: ignore[attr-defined]
+    return _on_missing_attribute(mod, lambda attr: Unrunnable(f"vllm.triton_utils.{attr}"))
 
 
 def _extension(ns: Namespace, name: str) -> types.ModuleType:
@@ -180,17 +204,48 @@ STAND_INS: dict[str, tuple[str, StandInBuilder]] = {
                   "change the answers", _envs_mod),
     "vllm.platforms": ("`current_platform`: the release's own Platform class as CUDA at the queried device "
                        "capability (the real CUDA platform reads it from the GPU through NVML)", _platforms_mod),
-    "vllm.config": ("`get_current_vllm_config_or_none` returns None: vLLM's default configuration, no model "
+    "vllm.config": ("`get_current_vllm_config_or_none` returns None: vLLM's default configuration, no model; "
+                    "`get_current_vllm_config` the default fields the selection reads (DEFAULT_CONFIG_FIELDS) "
                     "(the real config module imports the whole engine)", _config_mod),
     "vllm.utils.import_utils": ("`resolve_obj_by_qualname` resolves in the oracle's namespace (the real one "
-                                "imports through sys.modules)", _import_utils_mod),
-    "vllm.v1.kv_cache_interface": ("`is_quantized_kv_cache`, only called with a cache config, which the "
-                                   "default configuration has not", _kv_cache_interface_mod),
+                                "imports through sys.modules); `import_pynvml` gives an inert NVML",
+                                _import_utils_mod),
     "vllm.vllm_flash_attn._vllm_fa2_C": ("vLLM's FA2 extension: importable exactly when the release ships "
                                          "the .so (it cannot load without a GPU build of torch)",
                                          lambda ns: _extension(ns, "vllm.vllm_flash_attn._vllm_fa2_C")),
     "vllm.vllm_flash_attn._vllm_fa3_C": ("vLLM's FA3 extension: importable exactly when the release ships "
                                          "the .so", lambda ns: _extension(ns, "vllm.vllm_flash_attn._vllm_fa3_C")),
+    "vllm._C_stable_libtorch": ("vLLM's custom ops (the CUDA platform imports them to register them): importable "
+                                "exactly when the release ships the .so",
+                                lambda ns: _extension(ns, "vllm._C_stable_libtorch")),
+    "vllm.triton_utils": ("Triton as the backends' modules use it at import: `@triton.jit` kernels are defined "
+                          "and never launched", _triton_utils_mod),
+    "vllm._qutlass_C": ("vLLM's QuTLASS ops: importable exactly when the release ships the .so",
+                        lambda ns: _extension(ns, "vllm._qutlass_C")),
+}
+
+
+def _requests_mod(ns: Namespace) -> types.ModuleType:
+    mod = types.ModuleType("requests", "HTTP for the executed code: no request leaves the machine")
+
+    def get(url: str, *args: Any, **kwargs: Any) -> Any:
+        ns.log.append(f"oracle: GET {url} answered 200 (assumed reachable: ARTIFACTORY_REACHABLE)")
+        if not ARTIFACTORY_REACHABLE:
+            raise ConnectionError(f"{url}: not reachable (ARTIFACTORY_REACHABLE is False)")
+        return types.SimpleNamespace(status_code=200)
+
+    mod.get = get  # type: ignore[attr-defined]
+    return mod
+
+
+# vLLM checks that FlashInfer's trtllm-gen cubins can be had (vllm/utils/flashinfer.py has_nvidia_artifactory: one
+# HTTP request to NVIDIA's artifactory unless flashinfer-cubin is installed). The answers stand for a machine where
+# they can: the request is answered here, never sent.
+ARTIFACTORY_REACHABLE = True
+# Third-party modules the executed code gets instead of the real ones: (what and why, builder).
+THIRD_PARTY_STAND_INS: dict[str, tuple[str, StandInBuilder]] = {
+    "requests": ("HTTP: NVIDIA's artifactory answers as reachable (ARTIFACTORY_REACHABLE); nothing is sent",
+                 _requests_mod),
 }
 # Kernel and runtime modules imported at module level for names the selection never calls.
 INERT: dict[str, str] = {
@@ -199,6 +254,26 @@ INERT: dict[str, str] = {
     "vllm.v1.attention.backends.utils": "attention metadata helpers (import the engine config and triton)",
     "vllm.v1.worker.workspace": "the GPU workspace manager",
     "vllm.utils.gpu_sync_debug": "a GPU synchronisation debug hook",
+    # imported by the attention backends' modules and the CUDA platform, for kernels, workspaces and runtime state
+    "vllm.utils.platform_utils": "CUDA device properties (read from the GPU)",
+    "vllm.utils.torch_utils": "torch helpers (dtype sizes, pinned memory, custom-op registration)",
+    "vllm.model_executor.layers.attention": "the Attention layer module (imports the model executor)",
+    "vllm.v1.attention.ops": "attention kernels (Triton, CUDA)",
+    "vllm.v1.attention.ops.dcp": "decode context-parallel kernels",
+    "vllm.v1.attention.ops.merge_attn_states": "the attention-state merge kernel",
+    "vllm.v1.attention.ops.triton_prefill_attention": "a Triton prefill kernel",
+    "vllm.v1.attention.ops.triton_reshape_and_cache_flash": "a Triton KV-cache write kernel",
+    "vllm.v1.attention.ops.triton_unified_attention": "a Triton attention kernel",
+    "vllm.v1.attention.ops.flydsl_turboquant_decode": "a TurboQuant decode kernel",
+    "vllm.v1.attention.ops.triton_turboquant_decode": "a TurboQuant decode kernel",
+    "vllm.v1.attention.ops.triton_turboquant_store": "a TurboQuant KV-cache write kernel",
+    "vllm.model_executor.layers.quantization.turboquant": "TurboQuant quantization (weights)",
+    "vllm.model_executor.layers.quantization.turboquant.centroids": "TurboQuant centroids (weights)",
+    "vllm.distributed": "distributed state",
+    "vllm.distributed.parallel_state": "distributed state (tensor/context parallel groups)",
+    "vllm.v1.worker.cp_utils": "context-parallel helpers of the GPU worker",
+    "vllm.v1.utils": "GPU buffers",
+    "vllm._aiter_ops": "ROCm AITER kernels",
 }
 # Third-party kernel libraries vLLM's backends probe with an import in `is_available`: (distribution,
 # modules). They count as installed exactly when the release's metadata requires the distribution on Linux.
@@ -223,6 +298,23 @@ EXECUTED: tuple[str, ...] = (
     "vllm.v1.attention.backends.mla.prefill.trtllm_ragged",
     "vllm.v1.attention.backends.mla.prefill.flashinfer",
     "vllm.v1.attention.backends.mla.prefill.tokenspeed_mla",
+    # the attention backend choice of a decoder layer: the CUDA platform's priority list and walk, each
+    # backend's validate_configuration, and what they read (KV cache dtypes, FlashInfer's TRT-LLM availability)
+    "vllm.platforms.cuda",
+    "vllm.v1.attention.backend",
+    "vllm.v1.attention.selector",
+    "vllm.v1.attention.backends.flash_attn",
+    "vllm.v1.attention.backends.flashinfer",
+    "vllm.v1.attention.backends.triton_attn",
+    "vllm.v1.attention.backends.flex_attention",
+    "vllm.v1.attention.backends.turboquant_attn",
+    "vllm.v1.kv_cache_interface",
+    "vllm.v1.kv_cache_layout",
+    "vllm.v1.kv_cache_spec_registry",
+    "vllm.config.cache",
+    "vllm.config.utils",
+    "vllm.utils.flashinfer",
+    "vllm.utils.math_utils",
 )
 
 
@@ -268,8 +360,13 @@ class Namespace:
                             pass  # Python then raises ImportError for the missing name
                 return mod
             return self.import_module("vllm")
-        if name in self._optional:
-            if not self._optional[name]:
+        if name in THIRD_PARTY_STAND_INS:
+            if name not in self.modules:
+                self.modules[name] = THIRD_PARTY_STAND_INS[name][1](self)
+            return self.modules[name]
+        optional = self._optional.get(name, self._optional.get(top))
+        if optional is not None:
+            if not optional:
                 raise ModuleNotFoundError(f"No module named {name!r} (not a dependency of this vLLM release)",
                                           name=name)
             mod = _inert_module(name, "an installed kernel library: present, its kernels never called")
