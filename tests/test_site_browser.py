@@ -323,6 +323,8 @@ document.getElementById("f").onload = async () => {
     result.wide = wideTables(d);
     const marks = [...d.querySelectorAll(".am-mark")];
     result.marks = marks.length; result.titled = marks.filter((m) => m.title).length;
+    const ids = [...d.querySelectorAll('.md-content a[href^="#r"]')];
+    result.reason_links = ids.length; result.previewed = ids.filter((a) => a.title.length > 8).length;
   } catch (err) { result.error = String(err); }
   document.getElementById("out").textContent = "RESULT " + JSON.stringify(result);
 };
@@ -439,3 +441,5 @@ def test_wide_tables_keep_their_first_column_and_marks_have_titles(real_site, tm
         result = drive(tmp_path, built, base, target, [], width=width)
         assert result["wide"] == [], (target, result["wide"])
         assert result["marks"] > 100 and result["titled"] == result["marks"], target
+        if target.startswith("archs/"):  # reason ids preview their reason
+            assert result["reason_links"] > 0 and result["previewed"] == result["reason_links"], result

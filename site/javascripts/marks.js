@@ -1,6 +1,7 @@
 // attnmatrix: evidence marks are plain letters in the pages (V validated, C compiled, S shipped, D declared,
 // X unsupported, ? unknown), so they read in any font; here each one in a table becomes a coloured badge whose
-// title says what it means. Without JavaScript the letters and the page's legend still say it all.
+// title says what it means, and reason and source ids get their text as a preview. Without JavaScript the
+// letters and the page's legend still say it all.
 (function () {
   "use strict";
   const MEANING = {V: "validated", C: "compiled", S: "shipped", D: "declared", X: "unsupported", "?": "unknown"};
@@ -39,8 +40,21 @@
     }
   }
 
+  // Reason and source ids (`r3fa`, `s9e2`) link to the page's lists: their title previews the text.
+  function previews(root) {
+    for (const a of root.querySelectorAll('a[href^="#r"], a[href^="#s"]')) {
+      const target = document.getElementById(decodeURIComponent(a.getAttribute("href").slice(1)));
+      const item = target && target.closest("li");
+      if (item && !a.title) a.title = item.textContent.replace(/\s+/g, " ").trim().slice(0, 400);
+    }
+  }
+
   window.attnmatrixMarks = enhance;
-  const run = () => enhance(document.querySelector(".md-content") || document.body);
+  const run = () => {
+    const root = document.querySelector(".md-content") || document.body;
+    enhance(root);
+    previews(root);
+  };
   if (typeof document$ !== "undefined") document$.subscribe(run);
   else if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", run);
   else run();
