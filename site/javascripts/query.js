@@ -131,15 +131,15 @@
         const m = t.match(/^supported \(#(\d+) of \d+, (\w+), (.*?)\); evidence: (.*)$/);
         const lat = t.match(/latency ([0-9.e+-]+) ms/);
         return el("tr", {"data-backend": b, "data-explain": t},
-          el("td", {textContent: m[1]}),
-          el("td", {}, (index.labels[b] || b) + " ", el("code", {textContent: b})),
-          el("td", {}, m[2]),
-          el("td", {textContent: lat ? sig2(Number(lat[1])) : "unmeasured"}),
-          el("td", {textContent: m[3].replace(/^latency [0-9.e+-]+ ms, /, "")}),
-          el("td", {}, evidenceLinks(t, res.data)));
+          el("td", {"data-label": "#", textContent: m[1]}),
+          el("td", {"data-label": "Backend"}, (index.labels[b] || b) + " ", el("code", {textContent: b})),
+          el("td", {"data-label": "Tier"}, m[2]),
+          el("td", {"data-label": "Latency (ms)", textContent: lat ? sig2(Number(lat[1])) : "unmeasured"}),
+          el("td", {"data-label": "Ordered by", textContent: m[3].replace(/^latency [0-9.e+-]+ ms, /, "")}),
+          el("td", {"data-label": "Evidence"}, evidenceLinks(t, res.data)));
       });
       box.append(el("div", {class: "md-typeset__scrollwrap"}, el("div", {class: "md-typeset__table"},
-        el("table", {},
+        el("table", {class: "am-ranked"},
           el("thead", {}, el("tr", {}, ...["#", "Backend", "Tier", "Latency (ms)", "Ordered by", "Evidence"]
             .map((h) => el("th", {textContent: h})))),
           el("tbody", {}, ...body)))));
