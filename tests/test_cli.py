@@ -287,6 +287,7 @@ def test_root_outside_a_checkout_is_refused(tmp_path: Path) -> None:
     assert sha(REPO / "mkdocs.yml") == real
 
 
+@pytest.mark.slow
 def test_generate_is_deterministic(tmp_path: Path, generator) -> None:
     root = _tree(tmp_path)
     r = run("generate", "--root", root)
@@ -301,6 +302,7 @@ def test_generate_is_deterministic(tmp_path: Path, generator) -> None:
     assert _snapshot(other) == first
 
 
+@pytest.mark.slow
 def test_check_clean_then_one_flipped_byte(tmp_path: Path, generator) -> None:
     root = _tree(tmp_path)
     assert run("generate", "--root", root).exit_code == 0

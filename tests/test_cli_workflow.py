@@ -168,6 +168,7 @@ def test_truncated_line_is_unreadable_input_in_validate_and_diff(tmp_path: Path,
     assert run("diff", f, "embedded").exit_code == 2
 
 
+@pytest.mark.slow
 def test_show_and_explain_refuse_bad_results(tmp_path: Path, make_record, write_jsonl) -> None:
     bad = write_jsonl(tmp_path / "bad.jsonl", [make_record(backend="fa9"), "{"])
     for args in (["show", "--arch", "sm_90", "--results", bad],

@@ -60,6 +60,7 @@ def test_a_malformed_scope_is_reported_with_its_field(tmp_path, change, field):
     assert problems and problems[0].field == f"facts[0].{field}", problems
 
 
+@pytest.mark.slow
 def test_embedded_no_sinks_facts_answer_at_every_head_dim():
     m = resolve(load_evidence())
     for hd in (32, 80, 160, 224):

@@ -175,6 +175,7 @@ def test_fa4_matches_reference_on_gpu(features):
     assert err["ok"], err
 
 
+@pytest.mark.slow
 def test_fa2_shadowing_fa4_is_named_in_the_unavailable_reason(tmp_path) -> None:
     """FA2's regular `flash_attn` package hides FA4's namespace `flash_attn.cute` wherever both are installed:
     the reason says which package and what to do, in a fresh interpreter with a stand-in FA2 first on

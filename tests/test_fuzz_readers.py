@@ -595,6 +595,7 @@ def test_cli_merge_output_not_writable(tmp_path: Path, runner: CliRunner) -> Non
 # --- merged matrices: what merge wrote, read back, validated and diffed ----------------------------------------
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=examples(20))
 @given(a=hostile_files(allow_non_utf8=False, max_lines=6), b=hostile_files(allow_non_utf8=False, max_lines=6))
 def test_merged_matrices_round_trip_and_diff(a: Plan, b: Plan, runner: CliRunner, fast_cli: None) -> None:

@@ -164,6 +164,7 @@ def test_no_measurements_no_plot_and_the_pages_say_so():
     assert "No performance plot for `sm_90` yet" in out["site/archs/sm_90.md"]
 
 
+@pytest.mark.slow
 def test_no_measurements_never_imports_matplotlib():
     code = textwrap.dedent("""
         import sys
@@ -211,6 +212,7 @@ def _digest_in_subprocess(tmp_path: Path, env: dict[str, str]) -> str:
     return r.stdout.strip()
 
 
+@pytest.mark.slow
 def test_plots_are_byte_identical_across_processes_hash_seeds_and_user_styles(tmp_path):
     here = hashlib.sha256(json.dumps(_svgs(render_all(make_matrix(), META)), sort_keys=True).encode()).hexdigest()
     assert _digest_in_subprocess(tmp_path, {"PYTHONHASHSEED": "1"}) == here

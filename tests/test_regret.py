@@ -224,6 +224,7 @@ def embedded_selector(embedded, tmp_path_factory):
                              "embedded_selector")
 
 
+@pytest.mark.slow
 def test_embedded_matrix_first_choice_supported_never_rejected_and_fastest(embedded, embedded_selector):
     sel, n, measured = embedded_selector, 0, 0
     for q in VC._query_keys(embedded):
@@ -266,6 +267,7 @@ def test_embedded_default_rank_puts_vllms_default_fa_version_first(arch):
     assert first == expected
 
 
+@pytest.mark.slow
 def test_embedded_neither_measured_only_where_vllm_leaves_its_default(embedded):
     """Every remaining "neither measured" FlashAttention disagreement is a cell where vLLM moved off its
     per-capability default for a feature (or a declared ranking orders attnmatrix's side)."""

@@ -91,6 +91,7 @@ def test_evidence_files_are_named_by_what_they_hold():
         assert path.name == naming.evidence_name([str(path)]), "rename it: python scripts/evidence_name.py FILE"
 
 
+@pytest.mark.slow
 def test_the_matrix_does_not_depend_on_file_names_or_their_order(tmp_path):
     """Evidence files are named for people: the same records under meaningless names, read in the
     reverse order, resolve to the same matrix."""
@@ -114,3 +115,38 @@ def test_no_text_tells_the_story_of_a_run():
     out = subprocess.run(["git", "grep", "-niE", pattern], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode in (0, 1), out.stderr
     assert out.stdout == ""
+
+
+# --- CI runs the README's test command, then the slow suite, with an honest exit code -----------------------------
+
+
+def _readme_test_command() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("Set up and run the tests", 1)[1]
+    return re.search(r"```bash\n(.+?)\n```", section, re.S).group(1).strip()
+
+
+@pytest.mark.parametrize("fast_rc, slow_rc, want", [(0, 0, 0), (1, 0, 1), (0, 1, 1), (2, 1, 2)])
+def test_ci_runs_the_readme_command_and_the_slow_suite_and_reports_a_failure(tmp_path, fast_rc, slow_rc, want):
+    script = (ROOT / ".ci" / "run").read_text()
+    assert _readme_test_command() in script and "python -m pytest -q -m slow" in script
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / ".ci" / "run").write_text(script)
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    # `python` stands in for the install and both test runs; `chromium` keeps apt-get out of it.
+    (stubs / "python").write_text('#!/bin/sh\necho "python $*" >> "$LOG"\ncase "$*" in *pip*) exit 0;; '
+                                  '*"-m slow"*) exit "$SLOW_RC";; *) exit "$FAST_RC";; esac\n')
+    (stubs / "chromium").write_text("#!/bin/sh\nexit 0\n")
+    for s in stubs.iterdir():
+        s.chmod(0o755)
+    log = tmp_path / "log"
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "LOG": str(log), "FAST_RC": str(fast_rc), "SLOW_RC": str(slow_rc)}
+    r = subprocess.run(["bash", str(tmp_path / ".ci" / "run")], env=env, capture_output=True, text=True)
+    assert r.returncode == want, r.stdout + r.stderr
+    ran = log.read_text().splitlines()
+    assert ran[-2:] == ["python -m pytest -q", "python -m pytest -q -m slow"]  # the slow suite runs either way
+
+
+def test_the_default_run_leaves_out_the_slow_suite():
+    assert re.search(r"""^addopts = "-m 'not slow'"$""", (ROOT / "pyproject.toml").read_text(), re.M)

@@ -32,6 +32,7 @@ def _case(backend: str, head_dim: int = 64) -> Case:
     return Case("cpu", backend, "prefill", "bfloat16", head_dim, head_dim, FEATS)
 
 
+@pytest.mark.slow
 def test_mixed_sweep_every_failure_mode(tmp_path: Path) -> None:
     backends = ["sdpa_cpu", "fake_segfault", "fake_hang", "fake_nan", "fake_wrong", "fake_raise", "fake_oom"]
     cases = [_case(b) for b in backends]
@@ -191,6 +192,7 @@ def test_nan_output_record_is_strict_json() -> None:
     json.loads(dump_record(rec), parse_constant=_strict)
 
 
+@pytest.mark.slow
 def test_a_device_fault_is_blamed_on_its_own_case_only(tmp_path: Path) -> None:
     """A sticky device fault ends its worker right after the result (worker.py). The cases behind it
     must go to a fresh worker, not be recorded as crashes of a worker that died before taking them:
@@ -325,6 +327,7 @@ def test_a_long_refusal_keeps_its_end() -> None:
     assert _message(ValueError("short")) == "ValueError: short"
 
 
+@pytest.mark.slow
 def test_waiting_for_the_gpu_lock_does_not_count_against_the_case(tmp_path: Path, monkeypatch) -> None:
     """Workers sharing a GPU take turns for timed loops. A case that waits for the lock longer than its
     whole time limit is not a timeout: its kernel did not run long, other sweeps' timed loops held

@@ -39,6 +39,7 @@ def _changed_lines(before: str, after: str) -> list[str]:
             if line[:1] in "+-" and not line.startswith(("+++", "---"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(FACTS))
 def test_one_declared_fact_changes_a_few_lines(embedded, kind):
     before = render_selector(resolve(embedded), META)

@@ -25,6 +25,7 @@ def _space(op: str, dtype: str) -> list[Case]:
     return list(case_space(["cpu"], ["x"], head_dims=HEAD_DIMS, dtypes=[dtype], feature_sets=FEATURE_SETS, ops=[op]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_feature_moves_the_validation_answer(op: str, dtype: str) -> None:
@@ -68,6 +69,7 @@ def test_causal_over_one_decode_token_is_exempt_and_prefill_is_not() -> None:
     ("decode", ("causal", "softcap"), "softcap"),
     ("prefill", ("causal", "fp8"), "fp8"),           # unit descales: dropping them changes nothing
 ])
+@pytest.mark.slow
 def test_version_1_problems_were_blind_and_the_check_says_so(op, features, feature) -> None:
     """The check can fail: on the previous validation problem it finds the holes it was built for."""
     case = Case("cpu", "x", op, "bfloat16", 128, 128, features)
@@ -77,6 +79,7 @@ def test_version_1_problems_were_blind_and_the_check_says_so(op, features, featu
     assert new[feature].discriminates and new[feature].margin >= BAR, new[feature]
 
 
+@pytest.mark.slow
 def test_the_variants_really_differ_from_the_problem() -> None:
     """Paged and varlen ignoring are not accidentally the identity (a shuffled table, ragged lengths)."""
     for ps in (16, 64, 128, 256):

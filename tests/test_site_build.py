@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(
     reason="mkdocs and mkdocs-material are not installed (pip install 'attnmatrix[docs]')")
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict(tmp_path: Path) -> None:
     out = tmp_path / "site-build"
     r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "mkdocs.yml"),

@@ -54,6 +54,7 @@ def test_backend_modules_take_their_identity_from_the_registry() -> None:
         assert not re.search(r"= *\w*Backend\(", text), mod
 
 
+@pytest.mark.slow
 def test_fakes_are_known_only_where_the_plugin_is_loaded() -> None:
     env = {k: v for k, v in os.environ.items() if k != registry.PLUGINS_ENV}
     code = "from attnmatrix.kernels import registry; print(','.join(registry.names()))"
