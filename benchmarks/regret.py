@@ -19,12 +19,13 @@ which call ran (`entry`, `profile`).
 
 `report` ranks the backends per (layer, op, bucket) on the bucket points (a backend within the rerun noise
 of the fastest ties with it), then for every held-out point takes the first choice of the bucket it falls in
-(`workloads.bucket_of`), and reports regret = its time / the fastest time among the backends that passed the
-check and were timed there, per query, as geomean and max, beside the rerun noise. The first choice of the
-selector without hints (the committed matrix's answer for the layer's cell) is reported beside it.
+(`workloads.bucket_of`; among tied backends, the first in the selector's order without hints), and reports
+regret = its time / the fastest time among the backends that passed the check and were timed there, per
+query, as geomean and max, beside the rerun noise. The first choice of the selector without hints (the
+committed matrix's answer for the layer's cell) is reported beside it.
 
-Lines (JSON): {"backend", "kernel_version", "layer", "op", "case", "batch", "length", "set" ("bucket" |
-"held_out"), "rep", "outcome", "ms", "method", "reason", "entry", "profile", "heads_q", "heads_kv"}.
+Lines (JSON): {"backend", "kernel_version", "layer", "layers", "op", "case", "batch", "length", "set" ("check" |
+"bucket" | "held_out"), "rep", "outcome", "ms", "method", "reason", "entry", "profile", "heads_q", "heads_kv"}.
 """
 
 from __future__ import annotations
@@ -263,10 +264,13 @@ def analyse(rows: list[dict], today: dict[tuple, list[str]] | None = None) -> di
             fastest = min(here.values())
             q = {"layer": layer, "op": op, "shape": bucket_label(op, batch, length),
                  "bucket": bucket_label(op, bb, bl), "fastest": min(here, key=here.get), "timed": len(here)}
-            if rk:
-                pick = next((b for b, _ in rk["order"] if b in here), None)
-                q.update(pick=pick, regret=round(here[pick] / fastest, 4) if pick else None)
             order = (today or {}).get((layer, op))
+            if rk:
+                # The bucket's order; among the backends that tie with its fastest, the order without hints.
+                ranked = [b for b, _ in rk["order"] if b in here]
+                tied = [b for b in rk["tie_within_noise"] if b in here]
+                pick = next((b for b in order or () if b in tied), ranked[0] if ranked else None)
+                q.update(pick=pick, regret=round(here[pick] / fastest, 4) if pick else None)
             if order:
                 tpick = next((b for b in order if b in here), None)
                 q.update(pick_without_hints=tpick,
@@ -328,7 +332,7 @@ def report(args: argparse.Namespace) -> int:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, args.output)
     s = result
-    print(f"rerun noise: median {s['noise']['median']}, p90 {s['noise']['p90']}, max {s['noise']['max']} "
+    print(f"rerun noise: median {s['noise']['median']:.3f}, p90 {s['noise']['p90']:.3f}, max {s['noise']['max']:.3f} "
           f"({s['noise']['pairs']} pairs)")
     print(f"regret, per-bucket first choice: geomean {s['regret']['geomean']}, max {s['regret']['max']} over "
           f"{s['regret']['queries']} held-out queries ({s['regret']['first_choice_fastest']} fastest, "

@@ -28,8 +28,8 @@ vLLM's call profile (what its FLASH_ATTN decoder backend passes, vllm-project/vl
   path a case without paged KV is therefore run as vLLM runs it, on 128-token kernel pages with
   `seqused_k`; a paged case whose block size is a multiple of 128 is split into 128-token kernel pages
   (fa_utils.py:255, "Larger blocks are split into 128-token kernel pages"); any other block size is one
-  vLLM never gives this kernel: it falls back to FA2 (fa_utils.py:236-256), so the case is `Unsupported`
-  in that profile, quoting vLLM;
+  vLLM never gives this kernel (it falls back to FA2, fa_utils.py:236-256): it is passed as it is and the
+  kernel answers in its own words;
 - fp8 KV cache on SM90: Q stays bf16/fp16 and only K/V are fp8 e4m3, paged in 64-token pages, with
   (batch, kv heads) K/V descales and `fp8_kv_dequant=True` (flash_attn_interface.py:456-495;
   flash_attn.py:324 for the 64-token page, :1158-1166 for the unquantized query). vLLM routes fp8 KV to
@@ -197,9 +197,7 @@ def vllm_paging(p: Problem) -> tuple[int | None, int | None]:
         return block or SM90_FP8_KV_PAGE_SIZE, SM90_FP8_KV_PAGE_SIZE if block is None else block
     if _is_hd256_path(p):
         if block is not None and block % HD256_PAGE_SIZE:
-            raise Unsupported(f"vLLM does not run FA4's head-dim-256 kernel on a KV cache with block size {block}: "
-                              "it falls back to FA2 (vllm-project/vllm v0.33.0 vllm/v1/attention/backends/fa_utils.py"
-                              ":254-256, 'a KV cache block size of ...')")
+            return block, block  # a block vLLM never gives this kernel (it falls back to FA2): the kernel's own word
         return block or HD256_PAGE_SIZE, HD256_PAGE_SIZE
     return block, block
 
