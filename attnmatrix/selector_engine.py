@@ -62,6 +62,23 @@ def fset_label(features) -> str:
     return "+".join(features) or "none"
 
 
+# Optional workload hints of select_backends: the layer's head counts and the batch's shape. Prefill's point is
+# (batch_size, seq_len), decode's (batch_size, context_len); num_tokens stands for the batch where it is not
+# given (prefill: num_tokens // seq_len sequences; decode: one token per sequence).
+WORKLOAD_HINTS = ("num_heads", "num_kv_heads", "num_tokens", "batch_size", "seq_len", "context_len")
+
+
+def nearest_point(points, batch=None, length=None):
+    """The (batch, length) point nearest to the given axes in log space (an axis not given is ignored; ties:
+    the smaller point). The one bucket rule: kernels/workloads.py's bucket_of uses it too."""
+    from math import log
+
+    def dist(p):
+        return ((log(batch / p[0]) ** 2 if batch else 0.0) + (log(length / p[1]) ** 2 if length else 0.0), p)
+
+    return min(points, key=dist) if points else None
+
+
 def measured_latencies(timings: dict) -> dict:
     """Like-for-like latencies for one query class: backend -> {timing shape: ms} in, backend ->
     (latency, shapes it completed, most shapes any completed) out.
@@ -300,8 +317,44 @@ class Engine:
     def default_rank(self, arch, backend) -> int:
         return self.data["default_rank"].get(arch, {}).get(backend, self.data["default_rank_missing"])
 
-    def query(self, arch, op, dtype, head_dim, head_dim_v, feats):
-        """(supported answers best first, every answer, the declared ranking consulted or None)."""
+    def workload_order(self, arch, op, dtype, head_dim, head_dim_v, feats, hints):
+        """The timed bucket row for a hinted query, or None where no workload was timed for its cell.
+
+        A row is (heads_q, heads_kv, batch, length, ties, ((backend, ms), ...) fastest first): of the timed
+        layers, those nearest to the hinted head counts (query heads, then the GQA ratio, in log space; exact
+        when timed), then the bucket nearest to the hinted batch and length. `ties`: how many of the first
+        backends are within the rerun noise of the fastest."""
+        rows = self.data.get("workloads", {}).get(arch, {}).get((op, dtype, head_dim, head_dim_v, fset_label(feats)))
+        if not rows or not hints:
+            return None
+        from math import log
+
+        length = hints.get("context_len" if op == "decode" else "seq_len")
+        batch = hints.get("batch_size")
+        if batch is None and hints.get("num_tokens"):
+            batch = hints["num_tokens"] if op == "decode" else max(1, hints["num_tokens"] // (length or 1))
+        if batch is None and length is None:
+            return None
+        hq = hints.get("num_heads")
+        if hq is not None:
+            hkv = hints.get("num_kv_heads") or hq
+
+            def far(r):
+                return abs(log(r[0] / hq)) + abs(log((r[0] / r[1]) / (hq / hkv)))
+
+            best = min(far(r) for r in rows)
+            rows = [r for r in rows if far(r) == best]
+        heads = min((r[0], r[1]) for r in rows)
+        rows = [r for r in rows if (r[0], r[1]) == heads]
+        point = nearest_point(sorted({(r[2], r[3]) for r in rows}), batch, length)
+        return next(r for r in rows if (r[2], r[3]) == point)
+
+    def query(self, arch, op, dtype, head_dim, head_dim_v, feats, hints=None):
+        """(supported answers best first, every answer, the declared ranking consulted or None).
+
+        With workload `hints` (WORKLOAD_HINTS) and a timed workload for the cell, the supported backends are
+        ordered by the bucket's timings (`workload_order`): those tied with its fastest first, in the order
+        without hints, then the rest of the bucket's order, then backends the bucket did not time."""
         answers = [self.answer(arch, b, op, dtype, head_dim, head_dim_v, feats)
                    for b in self.data["backends"].get(arch, ())]
         ranking = self.declared_ranking(arch, op, dtype, head_dim, head_dim_v)
@@ -314,7 +367,19 @@ class Engine:
                 return (1, ranking[5].index(a.backend), default, a.backend)
             return (2, 0, default, a.backend)
 
-        return sorted((a for a in answers if a.status == SUPPORTED), key=key), answers, ranking
+        ordered = sorted((a for a in answers if a.status == SUPPORTED), key=key)
+        row = self.workload_order(arch, op, dtype, head_dim, head_dim_v, feats, hints)
+        if row is not None:
+            timed = [b for b, _ in row[5]]
+            tied, plain = set(timed[:row[4]]), {a.backend: i for i, a in enumerate(ordered)}
+
+            def by_bucket(a):
+                if a.backend in tied:
+                    return (0, plain[a.backend])
+                return (1, timed.index(a.backend)) if a.backend in timed else (2, plain[a.backend])
+
+            ordered.sort(key=by_bucket)
+        return ordered, answers, ranking
 
     def basis(self, arch, a: Answer, ranking) -> str:
         """Why a supported answer sits where it does."""
@@ -385,13 +450,25 @@ class Engine:
             raise ValueError(f"op: {op!r} is not one of {', '.join(V.OPS)}")
         return arch, op, _dtype(dtype), hd, hdv, features_of(**features)
 
+    @staticmethod
+    def _hints(features: dict) -> dict:
+        """Take the workload hints out of `features` (checked: positive integers); None is no hint."""
+        hints = {}
+        for name in WORKLOAD_HINTS:
+            v = features.pop(name, None)
+            if v is not None:
+                hints[name] = _int(name, v, 1)
+        return hints
+
     def select_backends(self, capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16",
                         **features):
         """Supported backends for this query on this GPU, best first (attnmatrix backend names, e.g. "fa4").
 
         capability is (major, minor), e.g. (9, 0); `features` are the vocabulary's query parameters
-        (attnmatrix.vocabulary.QUERY_PARAMS: causal=True, sliding_window=False, ..., page_size=None).
-        [] when nothing is known to work.
+        (attnmatrix.vocabulary.QUERY_PARAMS: causal=True, sliding_window=False, ..., page_size=None), and
+        optional workload hints (WORKLOAD_HINTS: num_heads, num_kv_heads, num_tokens or batch_size, seq_len or
+        context_len) that order the backends by the matching workload bucket where one was timed; without
+        hints the order is the matrix's. [] when nothing is known to work.
         """
         try:
             key = (capability, head_size, head_size_v, op, dtype, *sorted(features.items()))
@@ -400,8 +477,9 @@ class Engine:
             pass
         except TypeError:  # an unhashable argument (e.g. capability as a list): answer without caching
             key = None
+        hints = self._hints(features)
         hit = tuple(a.backend for a in self.query(*self._query_args(capability, head_size, head_size_v, op, dtype,
-                                                                    features))[0])
+                                                                    features), hints=hints)[0])
         if key is not None:
             if len(self._select_cache) >= CACHE_MAX:
                 self._select_cache.clear()

@@ -227,10 +227,11 @@ def expand(rows: list[dict]) -> list[dict]:
     return [{**r, "layer": name} for r in rows for name in (r.get("layers") or [r["layer"]])]
 
 
-def analyse(rows: list[dict], today: dict[tuple, list[str]] | None = None) -> dict:
-    """Rankings per bucket, the noise band, and the regret of the per-bucket first choice on held-out points.
+def analyse(rows: list[dict], order=None) -> dict:
+    """Rankings per bucket, the noise band, and the regret of the selector's first choice on held-out points.
 
-    `today`: (layer, op) -> the selector's order without hints (backend names), for the regret beside it."""
+    `order(layer, op, batch=None, length=None)`: the selector's order for the layer's cell, with workload hints
+    when a point is given (`selector_orders`); without one, the regret is that of the bucket's own first choice."""
     checks = {(r["backend"], r["layer"], r["op"]): r for r in rows if r["set"] == "check"}
     ok = {k for k, r in checks.items() if r["outcome"] == "pass"}
     times: dict[tuple, dict[int, float]] = defaultdict(dict)  # (backend, layer, op, set, batch, length) -> rep -> ms
@@ -264,17 +265,14 @@ def analyse(rows: list[dict], today: dict[tuple, list[str]] | None = None) -> di
             fastest = min(here.values())
             q = {"layer": layer, "op": op, "shape": bucket_label(op, batch, length),
                  "bucket": bucket_label(op, bb, bl), "fastest": min(here, key=here.get), "timed": len(here)}
-            order = (today or {}).get((layer, op))
-            if rk:
-                # The bucket's order; among the backends that tie with its fastest, the order without hints.
-                ranked = [b for b, _ in rk["order"] if b in here]
-                tied = [b for b in rk["tie_within_noise"] if b in here]
-                pick = next((b for b in order or () if b in tied), ranked[0] if ranked else None)
-                q.update(pick=pick, regret=round(here[pick] / fastest, 4) if pick else None)
-            if order:
-                tpick = next((b for b in order if b in here), None)
-                q.update(pick_without_hints=tpick,
-                         regret_without_hints=round(here[tpick] / fastest, 4) if tpick else None)
+            if order is not None:
+                pick = next((b for b in order(layer, op, batch, length) if b in here), None)
+                plain = next((b for b in order(layer, op) if b in here), None)
+                q.update(pick_without_hints=plain,
+                         regret_without_hints=round(here[plain] / fastest, 4) if plain else None)
+            else:
+                pick = next((b for b, _ in rk["order"] if b in here), None) if rk else None
+            q.update(pick=pick, regret=round(here[pick] / fastest, 4) if pick else None)
             queries.append(q)
     regrets = [q["regret"] for q in queries if q.get("regret")]
     plain = [q["regret_without_hints"] for q in queries if q.get("regret_without_hints")]
@@ -298,17 +296,20 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def today_orders(rows: list[dict]) -> dict[tuple, list[str]]:
-    """The committed selector's order (no hints) for each (layer, op) the rows cover."""
+def selector_orders(rows: list[dict]):
+    """A function (layer, op, batch, length or None) -> the generated selector's order for that layer's cell, with
+    the layer's head counts and the point as workload hints (length None: no hints, the order without them)."""
     from attnmatrix.matrix.cases import Case
 
     from attnmatrix import selector
 
-    out = {}
+    layers = {}
     for r in rows:
-        if r["set"] != "check" or (r["layer"], r["op"]) in out:
-            continue
-        c = Case.from_key(r["case"])
+        if r["set"] == "check":
+            layers.setdefault((r["layer"], r["op"]), (Case.from_key(r["case"]), r["heads_q"], r["heads_kv"]))
+
+    def order(layer: str, op: str, batch: int | None = None, length: int | None = None) -> list[str]:
+        c, hq, hkv = layers[(layer, op)]
         flags: dict = {"causal": False}
         for tok in c.features:
             name, _, arg = tok.partition(":")
@@ -316,15 +317,18 @@ def today_orders(rows: list[dict]) -> dict[tuple, list[str]]:
                 flags[name] = int(arg)
             elif name != "paged_kv":  # the vLLM profile's cache, not a feature of the layer
                 flags[name] = True
+        if length is not None:
+            flags.update(num_heads=hq, num_kv_heads=hkv, batch_size=batch,
+                         **{W.LENGTH_NAME[op]: length})
         major, minor = int(c.arch[3:-1]), int(c.arch[-1])
-        out[(r["layer"], r["op"])] = selector.select_backends((major, minor), c.head_dim, c.head_dim_v, op=c.op,
-                                                              dtype=c.dtype, **flags)
-    return out
+        return selector.select_backends((major, minor), c.head_dim, c.head_dim_v, op=op, dtype=c.dtype, **flags)
+
+    return order
 
 
 def report(args: argparse.Namespace) -> int:
-    rows = expand(read_rows(args.files))
-    result = analyse(rows, today_orders(rows))
+    rows = expand(read_rows(args.files or [str(p) for p in sorted(W.WORKLOADS_DIR.glob("*.jsonl"))]))
+    result = analyse(rows, selector_orders(rows))
     result["files"] = [str(Path(p)) for p in args.files]
     text = json.dumps(result, indent=1, sort_keys=True) + "\n"
     if args.output:
@@ -334,7 +338,7 @@ def report(args: argparse.Namespace) -> int:
     s = result
     print(f"rerun noise: median {s['noise']['median']:.3f}, p90 {s['noise']['p90']:.3f}, max {s['noise']['max']:.3f} "
           f"({s['noise']['pairs']} pairs)")
-    print(f"regret, per-bucket first choice: geomean {s['regret']['geomean']}, max {s['regret']['max']} over "
+    print(f"regret, selector with workload hints: geomean {s['regret']['geomean']}, max {s['regret']['max']} over "
           f"{s['regret']['queries']} held-out queries ({s['regret']['first_choice_fastest']} fastest, "
           f"{s['regret']['within_noise']} within noise)")
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
@@ -356,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--shard", default="0/1", help="i/n: this process takes every n-th workload from i")
     s.add_argument("--budget-ms", type=float, default=20.0, help="timed repetitions per point, after warm-up")
     r = sub.add_parser("report", help="rankings per bucket and regret on held-out points, from sweep files")
-    r.add_argument("files", nargs="+")
+    r.add_argument("files", nargs="*", help="sweep files (default: the committed ones, matrix/data/workloads)")
     r.add_argument("-o", "--output")
     args = ap.parse_args(argv)
     return sweep(args) if args.cmd == "sweep" else report(args)

@@ -153,7 +153,22 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
         "cells": {k: rules(v) for k, v in sorted(per_block.items(), key=lambda kv: (arch_sort_key(kv[0][0]),
                                                                                     kv[0][1]))},
         "measured": measured(cells),
+        "workloads": workloads(archs),
     }
+
+
+def workloads(archs) -> dict:
+    """arch -> (op, dtype, head_dim, head_dim_v, feature set) -> bucket rows (selector_engine.workload_order),
+    from the committed workload timings (matrix/data/workloads, kernels/workloads.py bucket_orders)."""
+    from attnmatrix.kernels.workloads import bucket_orders, load_rows
+
+    _, orders = bucket_orders(load_rows())
+    out: dict = {}
+    for (arch, op, dtype, hd, hdv, feats, hq, hkv, batch, length), (order, ties) in orders.items():
+        if arch in archs:
+            out.setdefault(arch, {}).setdefault((op, dtype, hd, hdv, fset_label(feats)), []).append(
+                (hq, hkv, batch, length, ties, order))
+    return {a: {k: tuple(v) for k, v in sorted(rows.items())} for a, rows in sorted(out.items())}
 
 
 _LAST: list = []  # [(matrix, cells dict, cell count, include_cpu), engine]: one matrix is queried many times

@@ -246,7 +246,7 @@ def header(m: ResolvedMatrix, meta: dict) -> dict:
             "files": sorted(str(f) for f in meta.get("files") or [])}
 
 
-SELECTOR_BLOCK_KEYS = ("backends", "default_rank", "declared_rankings", "cells", "measured")
+SELECTOR_BLOCK_KEYS = ("backends", "default_rank", "declared_rankings", "cells", "measured", "workloads")
 
 
 def render_selector(m: ResolvedMatrix, meta: dict) -> str:

@@ -17,9 +17,10 @@ model with its layer types, each cited to the model's published config.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
+
+from attnmatrix.selector_engine import nearest_point
 
 # (batch, length): prefill length = tokens per sequence (query = key length); decode length = context.
 # Two values per axis, far apart, so that the points bracket what engines run (short chat prefill to long
@@ -45,16 +46,67 @@ def bucket_label(op: str, batch: int, length: int) -> str:
 
 
 def bucket_of(op: str, batch: int, length: int) -> tuple[int, int]:
-    """The bucket nearest to (batch, length) in log space (ties: the smaller point)."""
+    """The bucket nearest to (batch, length) in log space (ties: the smaller point), as the selector picks it."""
     if op not in BUCKETS:
         raise ValueError(f"op {op!r}: no workload buckets (known: {', '.join(BUCKETS)})")
     if batch < 1 or length < 1:
         raise ValueError(f"batch {batch} and length {length} must be >= 1")
+    return nearest_point(BUCKETS[op], batch, length)
 
-    def dist(p: tuple[int, int]) -> float:
-        return math.log(batch / p[0]) ** 2 + math.log(length / p[1]) ** 2
 
-    return min(BUCKETS[op], key=lambda p: (dist(p), p))
+def layer_features(case_key: str) -> tuple[str, ...]:
+    """The layer's feature tokens of a timed row's case (the vLLM profile's cache block is the call, not the
+    layer)."""
+    return tuple(t for t in case_key.rsplit("/", 1)[-1].split("+") if t != "none" and not t.startswith("paged_kv:"))
+
+
+def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
+    """(noise, orders) from sweep rows (benchmarks/regret.py). The noise is the distribution of slower/faster
+    of a backend's two timings at one bucket point (p90 is the tie band); orders maps
+    (arch, op, dtype, head_dim, head_dim_v, features, heads_q, heads_kv, batch, length) to
+    (((backend, median ms), ...) fastest first, how many of the first are within the band of the fastest).
+    Only backends whose check passed on that layer count."""
+    from statistics import median
+
+    passed = {(r["backend"], r["case"], r["heads_q"], r["heads_kv"]) for r in rows
+              if r["set"] == "check" and r["outcome"] == "pass"}
+    times: dict[tuple, dict[int, float]] = {}
+    for r in rows:
+        if r["set"] == "bucket" and r["outcome"] == "pass" and (r["backend"], r["case"], r["heads_q"],
+                                                                 r["heads_kv"]) in passed:
+            _, _, op, dtype, dims, _ = r["case"].split("/")
+            hd, _, hdv = dims.partition("x")
+            key = (r["arch"], op, dtype, int(hd), int(hdv or hd), layer_features(r["case"]), r["heads_q"],
+                   r["heads_kv"], r["batch"], r["length"])
+            times.setdefault(key, {}).setdefault(r["backend"], {})[r.get("rep", 0)] = r["ms"]
+    ratios = sorted(max(v.values()) / min(v.values()) for per in times.values() for v in per.values() if len(v) > 1)
+
+    def q(p: float) -> float | None:
+        return round(ratios[min(len(ratios) - 1, int(p * len(ratios)))], 4) if ratios else None
+
+    band = q(0.9) or 1.0
+    orders = {}
+    for key, per in sorted(times.items()):
+        order = sorted(((b, round(median(v.values()), 5)) for b, v in per.items()), key=lambda x: (x[1], x[0]))
+        orders[key] = (tuple(order), sum(1 for _, t in order if t / order[0][1] <= band))
+    return {"pairs": len(ratios), "median": q(0.5), "p90": band, "max": ratios[-1] if ratios else None}, orders
+
+
+WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "matrix" / "data" / "workloads"
+
+
+def load_rows(paths: list[Path] | None = None) -> list[dict]:
+    """Sweep rows from the committed workload files (matrix/data/workloads/*.jsonl) or `paths`."""
+    files = paths if paths is not None else sorted(WORKLOADS_DIR.glob("*.jsonl"))
+    rows = []
+    for f in files:
+        for n, line in enumerate(Path(f).read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as e:
+                    raise PresetError(f"{f}:{n}: not JSON ({e})") from None
+    return rows
 
 
 @dataclass(frozen=True)

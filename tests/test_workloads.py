@@ -69,3 +69,39 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     assert result["noise"]["pairs"] == 4 and result["noise"]["p90"] >= 1.0
     assert result["regret"]["queries"] == 2 and result["regret"]["max"] == 1.0  # one backend: its own best
     assert result["rankings"]["tiny:global prefill b2_s128"]["order"][0][0] == "sdpa_cpu"
+    noise, orders = W.bucket_orders(rows)
+    assert noise["pairs"] == 4 and len(orders) == 4  # the capped layer's check was refused: not ranked
+
+
+def _engine_with_workloads():
+    from attnmatrix import selector
+
+    data = dict(selector.DATA)
+    data["workloads"] = {"sm_90": {("decode", "bfloat16", 128, 128, "gqa"): (
+        (32, 8, 8, 1024, 1, (("fa2", 0.01), ("vllm_fa3", 0.02))),
+        (32, 8, 128, 8192, 2, (("vllm_fa3", 0.50), ("fa4", 0.51), ("fa2", 0.90))),
+        (8, 1, 8, 1024, 1, (("fa4", 0.01), ("fa2", 0.03))),
+    )}}
+    from attnmatrix.selector_engine import Engine
+
+    return Engine(data)
+
+
+def test_workload_hints_rank_by_the_nearest_timed_bucket_and_leave_the_plain_answer_alone():
+    eng = _engine_with_workloads()
+    plain = eng.select_backends((9, 0), 128, op="decode", causal=False, gqa=True)
+    assert eng.select_backends((9, 0), 128, op="decode", causal=False, gqa=True, num_heads=None) == plain
+    small = eng.select_backends((9, 0), 128, op="decode", causal=False, gqa=True, num_heads=32, num_kv_heads=8,
+                                batch_size=4, context_len=2000)
+    assert small[:2] == ["fa2", "vllm_fa3"] and sorted(small) == sorted(plain)
+    # a tie within the noise keeps the order without hints between the tied backends
+    big = eng.select_backends((9, 0), 128, op="decode", causal=False, gqa=True, num_heads=32, num_kv_heads=8,
+                              num_tokens=100, context_len=10000)
+    tied = [b for b in plain if b in ("vllm_fa3", "fa4")]
+    assert big[:2] == tied and big[2] == "fa2"
+    # head counts pick the layer: 8 query heads over 1 KV head is the second timed layer
+    tp8 = eng.select_backends((9, 0), 128, op="decode", causal=False, gqa=True, num_heads=8, num_kv_heads=1,
+                              batch_size=8, context_len=1024)
+    assert tp8[:2] == ["fa4", "fa2"]
+    with pytest.raises(ValueError, match="batch_size"):
+        eng.select_backends((9, 0), 128, op="decode", gqa=True, batch_size=0, context_len=10)
