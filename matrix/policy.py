@@ -12,7 +12,11 @@
    is not safe to pick), and the disagreement is kept as a conflict.
 4. `unavailable` (the package did not import) says nothing about the kernel and never wins over
    informative evidence; a cell with only such evidence is `unknown`.
-5. A supported cell's latency is its winner's timings, or where the winner timed no shape, those of
+5. Call profiles: where a cell has evidence from the call an engine makes (records with `extra.profile`,
+   e.g. `vllm` for vLLM's own FlashAttention builds probed through vLLM's call, kernels/base.py), evidence
+   from another call of the same kernel does not decide the cell: it is kept and shown as a conflict
+   ("another call"), so a cell never mixes profiles silently.
+6. A supported cell's latency is its winner's timings, or where the winner timed no shape, those of
    the newest timed record with the same outcome, tier and kernel version (`timed_by`).
 
 Every piece of evidence is kept with the resolved cell (`evidence`, `conflicts`), so `explain`
@@ -188,9 +192,16 @@ def resolve_cell(records: Sequence[Record]) -> ResolvedCell:
     if not informative:
         w = sorted(records, key=_sort_key)[0]
         return ResolvedCell(case, UNKNOWN, w.outcome, w.tier, w.reason, w, sorted(records, key=_sort_key))
+    conflicts: list[str] = []
+    profiles = sorted({str(r.extra.get("profile")) for r in informative if r.extra and r.extra.get("profile")})
+    if profiles:
+        profiled = [r for r in informative if r.extra and r.extra.get("profile")]
+        for r in informative:
+            if r not in profiled:
+                conflicts.append(f"another call (not {'/'.join(profiles)}'s), kept, not deciding: {describe(r)}")
+        informative = profiled
     versions = {r.kernel_version for r in informative if r.kernel_version}
     newest = max(versions, key=version_key) if versions else None
-    conflicts: list[str] = []
     current = [r for r in informative if not r.kernel_version or r.kernel_version == newest]
     current.sort(key=_sort_key)
     w = current[0]

@@ -432,3 +432,21 @@ def test_an_untimed_recheck_keeps_the_cells_latency_from_the_newest_timed_record
     assert resolve_cell([timed, newer_version]).latency_ms is None  # another version's timing does not speak
     refused = make_rec(date="2026-12-03", outcome="rejected", reason="no")
     assert resolve_cell([timed, refused]).timings == ()  # an unsupported cell has no latency
+
+
+def test_evidence_from_the_engines_call_decides_and_another_call_is_kept_as_a_conflict():
+    from attnmatrix.matrix.cases import Case
+    from attnmatrix.matrix.policy import resolve_cell
+    from attnmatrix.matrix.records import Record
+
+    case = Case("sm_100", "vllm_fa4", "prefill", "bfloat16", 256, 256, ("sliding_window",))
+    prov = {"kernel_version": "0.33.0", "library": "vllm"}
+    own_api = Record(case=case, outcome="rejected", tier="compiled", reason="needs seqused_k",
+                     provenance={**prov, "date": "2026-12-01"})
+    engine_call = Record(case=case, outcome="compiled", tier="compiled", provenance={**prov, "date": "2026-12-02"},
+                         extra={"profile": "vllm"})
+    cell = resolve_cell([own_api, engine_call])
+    assert cell.status == "supported" and cell.winner is engine_call
+    assert any(c.startswith("another call (not vllm's)") for c in cell.conflicts)
+    # without evidence from the engine's call, the other call still answers (negative wins as before)
+    assert resolve_cell([own_api]).status == "unsupported"
