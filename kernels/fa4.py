@@ -243,9 +243,12 @@ def compile_with_fake_tensors(interface, fn: Callable, call: FA4Call) -> dict:
             swap = {id(t): _fake_cuda(t) for t in call.tensors()}
             args = tuple(swap.get(id(a), a) if isinstance(a, torch.Tensor) else a for a in call.args)
             kwargs = {k: swap.get(id(v), v) if isinstance(v, torch.Tensor) else v for k, v in call.kwargs.items()}
-            fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
     facts: dict = {"compile_s": round(time.perf_counter() - t0, 3),
                    "compile_cpu_s": round(time.process_time() - c0, 3)}
+    out = result[0] if isinstance(result, (tuple, list)) else result
+    if isinstance(out, torch.Tensor):  # the fake output has the dtype the kernel would write
+        facts["out_dtype"] = str(out.dtype).removeprefix("torch.")
     new = [c.cache[k] for name, c in caches.items() for k in c.cache if k not in before[name]]
     facts["kernels"] = len(new)
     total, sms, hits = 0, set(), 0

@@ -148,9 +148,15 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
     seconds["first_call"] = round(time.perf_counter() - started, 3)
     started = time.perf_counter()
     ref = reference_attention(problem)
+    ran = {"mask": problem.mask, "out_dtype": str(out.dtype).removeprefix("torch.")}
     if tuple(out.shape) != tuple(ref.shape):
         return rec("wrong", reason=f"output shape {tuple(out.shape)} != expected {tuple(ref.shape)}",
-                   entry=entry)
+                   entry=entry, extra=ran)
+    if out.dtype != problem.out_dtype:
+        # The case's dtype is the output's: an fp8 kernel that writes bfloat16 when float16 was asked has not
+        # produced the case, however close its values are.
+        return rec("wrong", reason=f"output dtype {ran['out_dtype']}, not the case's {problem.case.dtype}",
+                   entry=entry, extra=ran)
     err = compare(problem, out, ref)
     ok = err.pop("ok")
     if not ok:
@@ -159,7 +165,7 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
         else:
             what = f"max abs error {err['max_abs_err']:.4g} over tolerance"
         return rec("wrong", reason=f"{what} ({err['mismatched']} of {err['elements']} elements off)",
-                   error=err, entry=entry, extra={"seconds": seconds, "problem": RECIPE.version})
+                   error=err, entry=entry, extra={"seconds": seconds, "problem": RECIPE.version, **ran})
     seconds["check"] = round(time.perf_counter() - started, 3)
     started = time.perf_counter()
     timings: list[Timing] = []
@@ -205,7 +211,7 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
             seconds["gpu_lock_wait"] = round(lock_wait, 3)
     # Which validation problem this pass was judged on (kernels/problem.py: version 2 and later can
     # tell every feature applied from ignored; kernels/sensitivity.py).
-    extra: dict = {"seconds": seconds, "problem": RECIPE.version}
+    extra: dict = {"seconds": seconds, "problem": RECIPE.version, **ran}
     if untimed:
         extra["untimed"] = untimed
     if uncaptured:  # timed by back-to-back launches instead of a CUDA graph, and why

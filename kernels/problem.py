@@ -102,6 +102,12 @@ class Problem:
     def out_dtype(self) -> torch.dtype:
         return DTYPES[self.case.dtype]
 
+    @property
+    def mask(self) -> str:
+        """The mask this problem asks for, as records state it (`extra.mask`): "causal" or "none" (a window is
+        its own feature on top of either)."""
+        return "causal" if self.causal else "none"
+
     def valid_q(self, b: int) -> int:
         return self.seqlens_q[b] if self.seqlens_q else self.shape.seqlen_q
 
@@ -220,7 +226,9 @@ def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu"
         fp8 = torch.float8_e4m3fn
         descale = recipe.fp8_descale
         q, k, v = ((t / d).to(fp8) for t, d in zip((q, k, v), descale, strict=True))
-    causal = case.has("causal") or case.op == "mla_prefill"
+    # The mask is the case's: an MLA prefill case without `causal` is the non-causal call (vLLM's context-chunk
+    # prefill over cached prefix keys), not a causal one under a misleading label.
+    causal = case.has("causal")
     window = ((shape.window if recipe.shape_windows else WINDOW), 0) if case.has("sliding_window") else None
     return Problem(
         case=case, shape=shape, q=q, k=k, v=v, scale=1.0 / math.sqrt(case.head_dim), causal=causal,

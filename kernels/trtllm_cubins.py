@@ -262,7 +262,7 @@ def query_for(case: Case) -> Query | None:
     # the loader picks the sliding mask when the keys exceed the window, as they do on every probed shape
     if window and shape.seqlen_k <= getattr(shape, "window", WINDOW):
         raise AssertionError("the validation shape's keys must exceed the window for the sliding mask")
-    causal = "causal" in names or case.op == "mla_prefill" or window  # a (WINDOW, 0) window is causal + left
+    causal = "causal" in names or window  # a (WINDOW, 0) window is causal + left; MLA prefill follows its case
     ratio = GQA_RATIO if "gqa" in names else 1
     if case.backend == "trtllm_ragged":
         layout, kinds, page, dynamic = 0, (0,), 0, False

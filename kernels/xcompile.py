@@ -282,6 +282,11 @@ def xcompile_case(case: Case, arch: str | None = None, *, num_sms: int | None = 
                    extra={"traceback": traceback.format_exc()[-4000:]})
     if shim and _TargetHardwareInfo.queried > queried:
         facts = {**facts, "hardware_info_sm_count": num_sms}
+    facts = {**facts, "mask": problem.mask}
+    if facts.get("out_dtype", case.dtype) != case.dtype:
+        # A compile of the case builds the kernel the case names; one that writes another dtype is not it.
+        return rec("rejected", reason=f"attnmatrix: the kernel writes {facts['out_dtype']} output for this case, not "
+                   f"the case's {case.dtype}", extra=facts)
     return rec("compiled", extra=facts)
 
 

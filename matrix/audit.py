@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from .cases import feature_name
-from .evidence import Evidence
+from .evidence import Evidence, arch_family
 from .machine_paths import machine_paths
 from .records import POSITIVE_OUTCOMES
 from .storage import Problem
@@ -181,8 +181,80 @@ def check_api_refusal_covers_feature(ev: Evidence) -> list[Problem]:
     return problems
 
 
+def fp8_output(meta: dict, arch: str) -> str | None:
+    """The dtype a backend writes for fp8 inputs on `arch` (backends.json `fp8_output`), None if not one dtype."""
+    v = meta.get("fp8_output")
+    if isinstance(v, dict):
+        fam = arch_family(arch)
+        v = v[fam] if fam in v else v.get("*")
+    return v if isinstance(v, str) else None
+
+
+def check_output_dtype(ev: Evidence) -> list[Problem]:
+    """The output dtype is part of validation: a positive record claims the case's dtype came out. A record that
+    says which dtype the kernel wrote (`extra.out_dtype`, kernels/probe.py and xcompile.py) must name the case's;
+    and an fp8 cell of a backend that writes one dtype for fp8 inputs (backends.json `fp8_output`) cannot be
+    supported in another: vLLM's FA3 writes bfloat16 for fp8 whatever was asked, so a float16 fp8 pass
+    validated bfloat16 output under a float16 label."""
+    problems = []
+    for rec, where in zip(ev.records, ev.where, strict=True):
+        if rec.outcome not in POSITIVE_OUTCOMES:
+            continue
+        c = rec.case
+        wrote = rec.extra.get("out_dtype") if isinstance(rec.extra, dict) else None
+        fp8 = any(feature_name(t) == "fp8" for t in c.features)
+        want = fp8_output(ev.backends.get(c.backend, {}), c.arch) if fp8 else None
+        why = None
+        if wrote is not None and wrote != c.dtype:
+            why = f"the kernel wrote {wrote} output, not the case's {c.dtype}"
+        elif want is not None and want != c.dtype:
+            why = f"{c.backend} writes {want} for fp8 inputs (backends.json fp8_output), not the case's {c.dtype}"
+        if why:
+            f, line = _split(where)
+            problems.append(Problem(f, line, "case.dtype", f"{rec.outcome!r}, but {why}", rec.key))
+    return problems
+
+
+def _ran_mask(rec) -> str | None:
+    """The mask a record's kernel ran: `extra.mask` (probe and compile), or the cubin lookup's maskType."""
+    extra = rec.extra if isinstance(rec.extra, dict) else {}
+    if extra.get("mask") is not None:
+        return extra["mask"]
+    lookup = extra.get("lookup") or (rec.reason if rec.tier == "shipped" else "") or ""
+    if "maskType=Causal" in lookup or "maskType=SlidingOrChunkedCausal" in lookup:
+        return "causal"
+    if "maskType=Dense" in lookup:
+        return "none"
+    return None
+
+
+def check_mla_mask(ev: Evidence) -> list[Problem]:
+    """MLA masks are what the case says: a record whose kernel ran (or was looked up) with a mask says which
+    (`extra.mask`, or the cubin lookup's maskType), and it must be the case's. An MLA prefill record without
+    `causal` that does not say is from before the problem builder followed the case (it made every MLA prefill
+    case causal): it claims a non-causal call that was never made."""
+    problems = []
+    for rec, where in zip(ev.records, ev.where, strict=True):
+        if rec.tier == "declared" or rec.outcome in ("unavailable", "timeout") or rec.case.op == "decode":
+            continue  # one decode query token sees every key: causal and no mask are the same call
+        c = rec.case
+        want = "causal" if any(feature_name(t) == "causal" for t in c.features) else "none"
+        ran = _ran_mask(rec)
+        window = any(feature_name(t) == "sliding_window" for t in c.features)
+        if ran is not None and ran != want and not (window and ran == "causal"):
+            why = f"ran with mask {ran!r}, but the case's is {want!r}"
+        elif ran is None and c.op == "mla_prefill" and want == "none" and rec.outcome != "crash":
+            why = ("states no mask: MLA prefill records without causal from before the problem builder followed "
+                   "the case ran causal")
+        else:
+            continue
+        f, line = _split(where)
+        problems.append(Problem(f, line, "case.features", why, rec.key))
+    return problems
+
+
 CHECKS = (check_cited_backend, check_page_table, check_no_machine_paths, check_refusal_covers_kernel,
-          check_api_refusal_covers_feature)
+          check_api_refusal_covers_feature, check_output_dtype, check_mla_mask)
 
 
 def audit(ev: Evidence) -> list[Problem]:

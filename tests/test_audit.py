@@ -178,3 +178,36 @@ def test_an_api_refusal_covers_every_cell_with_the_feature(make_rec) -> None:
                           head_dim=192, head_dim_v=128, outcome="compiled")
     ev = Evidence(records=[*refused, other_arch, unrelated], where=["c:1", "c:2", "c:3", "c:4"], backends=BACKENDS)
     assert A.check_api_refusal_covers_feature(ev) == []
+
+
+# --- the output dtype is part of validation -------------------------------------------------------------------------
+
+
+def test_a_positive_record_of_another_output_dtype_is_a_problem(make_rec) -> None:
+    fp16_fp8 = make_rec(backend="vllm_fa3", features=("causal", "fp8"), dtype="float16")
+    bf16_fp8 = make_rec(backend="vllm_fa3", features=("causal", "fp8"), dtype="bfloat16")
+    refused = make_rec(backend="vllm_fa3", features=("causal", "fp8"), dtype="float16", outcome="rejected", reason="x")
+    # trtllm decode takes an out_dtype argument: no one fp8 output dtype
+    trtllm = make_rec(backend="trtllm_decode", op="decode", features=("causal", "fp8"), dtype="float16")
+    said = make_rec(backend="fa2", features=("causal",), dtype="float16", extra={"out_dtype": "bfloat16"})
+    recs = [fp16_fp8, bf16_fp8, refused, trtllm, said]
+    ev = Evidence(records=recs, where=[f"v.jsonl:{i + 1}" for i in range(len(recs))], backends=BACKENDS)
+    assert [(p.line, p.field) for p in A.check_output_dtype(ev)] == [(1, "case.dtype"), (5, "case.dtype")]
+    # vLLM's FA4 dequantizes fp8 K/V in the kernel on major 9 and writes the case's dtype there
+    sm90 = make_rec(backend="vllm_fa4", features=("causal", "fp8"), dtype="float16", arch="sm_90")
+    assert A.check_output_dtype(Evidence(records=[sm90], where=["v:1"], backends=BACKENDS)) == []
+
+
+# --- MLA masks are what the case says -------------------------------------------------------------------------------
+
+
+def test_an_mla_record_must_have_run_the_case_mask(make_rec) -> None:
+    mla = {"op": "mla_prefill", "head_dim": 192, "head_dim_v": 128}
+    old = make_rec(features=("qk_rope:64",), **mla)  # no extra.mask: from before masks followed the case
+    wrong = make_rec(features=("qk_rope:64",), extra={"mask": "causal"}, **mla)
+    right = make_rec(features=("qk_rope:64",), extra={"mask": "none"}, **mla)
+    causal = make_rec(features=("causal", "qk_rope:64"), **mla)  # causal was always run causal
+    decode = make_rec(op="decode", features=(), extra={"mask": "causal"})  # one query token: the same call
+    recs = [old, wrong, right, causal, decode]
+    ev = Evidence(records=recs, where=[f"m.jsonl:{i + 1}" for i in range(len(recs))], backends=BACKENDS)
+    assert [p.line for p in A.check_mla_mask(ev)] == [1, 2]

@@ -350,3 +350,30 @@ def test_torch_reasons_picks_the_restricted_kernels_section():
         "Memory efficient kernel not used because: Memory efficient attention has been runtime disabled.")
     assert _torch_reasons("CUDNN_ATTENTION", seen).startswith("cuDNN attention kernel not used because:")
     assert _torch_reasons(None, [_warn("something else")]) == "something else"
+
+
+# --- the mask and the output dtype are what the case says ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("features,mask", [((), "none"), (("causal",), "causal")])
+def test_mla_prefill_runs_the_case_mask(features, mask):
+    case = Case("cpu", "sdpa_cpu", "mla_prefill", "float16", 64, 32, (*features, "qk_rope:32"))
+    assert make_problem(case, SMALL["prefill"]).causal == (mask == "causal")
+    rec = probe_case(case, ProbeConfig(timing=False), base_provenance={}, backend=_cpu("sdpa_cpu"))
+    assert rec.outcome == "pass", rec.reason
+    assert rec.extra["mask"] == mask and rec.extra["out_dtype"] == "float16"
+
+
+def test_an_output_of_another_dtype_is_wrong_however_close():
+    """vLLM's FA3 writes bfloat16 for fp8 inputs whatever the case asks: the values may be right, the case is not."""
+    sdpa = _cpu("sdpa_cpu")
+
+    def prepare(p):
+        call = sdpa.prepare(p)
+        return lambda: call().to(torch.bfloat16)
+
+    backend = dataclasses.replace(sdpa, prepare=prepare)
+    case = Case("cpu", "sdpa_cpu", "prefill", "float16", 64, 64, ("causal",))
+    rec = probe_case(case, ProbeConfig(timing=False), base_provenance={}, backend=backend)
+    assert rec.outcome == "wrong" and rec.reason == "output dtype bfloat16, not the case's float16"
+    assert rec.extra["out_dtype"] == "bfloat16"

@@ -221,3 +221,9 @@ def test_ingest_cubins_refuses_what_is_not_a_cubin_wheel(tmp_path):
     notzip.write_text("hello")
     r = CliRunner().invoke(main, ["ingest-cubins", str(notzip), "-o", str(tmp_path / "o.jsonl")])
     assert r.exit_code == 2 and "cannot open as a wheel" in r.output
+
+
+def test_mla_prefill_lookup_uses_the_case_mask():
+    base = ("sm_100", "trtllm_ragged", "mla_prefill", "bfloat16", 192, 128)
+    assert tc.query_for(Case(*base, ("qk_rope:64",))).mask_type == tc.MASK_TYPES.index("Dense")
+    assert tc.query_for(Case(*base, ("causal", "qk_rope:64"))).mask_type == tc.MASK_TYPES.index("Causal")
