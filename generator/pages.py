@@ -534,8 +534,10 @@ class Coverage:
         n = dict(self.tiers)
         if n.get("validated"):
             return f"validated on {', '.join(self.devices) or 'a recorded device'}"
-        strongest_tier = next((t for t, k in self.tiers if k), None)
-        return f"nothing run here: {strongest_tier} evidence only" if strongest_tier else "no evidence"
+        kinds = [t for t, k in self.tiers if k]
+        if not kinds:
+            return "no evidence"
+        return f"nothing run here: {', '.join(kinds[:-1]) + ' and ' if len(kinds) > 1 else ''}{kinds[-1]} evidence"
 
 
 def coverage(m: ResolvedMatrix) -> list[Coverage]:
