@@ -200,6 +200,17 @@ def test_comparison_page_follows_the_data():
     assert render_all(matrix(), meta)["site/vllm-comparison.md"] == page  # deterministic
 
 
+def test_comparison_page_names_the_release_each_vllm_build_was_probed_at():
+    """The page compares a pinned vLLM release's choices; a build whose evidence is of another release says so."""
+    m = matrix()
+    m.backends["vllm_fa3"]["library"] = "vllm"
+    assert VC.build_versions(m) == [("vllm_fa3", ["1.0"])]
+    page = render_all(m, {"matrix_id": "cmp0test", "kernel_versions": {}})["site/vllm-comparison.md"]
+    release = VC.release_info(ANSWERS, "x").version
+    assert "evidence for vLLM's own builds is of these vLLM releases: `vllm_fa3` 1.0." in page
+    assert f"Where that is not {release}, vLLM {release}'s choice is held against the older build's evidence" in page
+
+
 # --- every cell of the embedded matrix --------------------------------------------------------------------
 
 FLAGS = ("causal", "sliding_window", "softcap", "alibi", "sinks", "gqa", "varlen", "fp8")

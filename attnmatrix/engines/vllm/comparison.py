@@ -407,6 +407,18 @@ def release_info(answers: O.Answers, answers_path: str) -> ReleaseInfo:
                        len(d["flash_attn_version"]), len(d["mla_prefill"]), len(d.get("attention_backend", [])))
 
 
+def build_versions(m: ResolvedMatrix) -> list[tuple[str, list[str]]]:
+    """vLLM's own kernel builds (backends whose library is vllm) and the vLLM releases their evidence comes from,
+    as the resolved cells' winners state them: a build's evidence may be of another release than the pinned one,
+    and the page must say so, not let the pinned version stand for it."""
+    out = []
+    for name in sorted(b for b, meta in m.backends.items() if meta.get("library") == "vllm"):
+        versions = {c.kernel_version for c in m.cells.values() if c.case.backend == name and c.kernel_version}
+        if versions:
+            out.append((name, sorted(versions)))
+    return out
+
+
 def mapping_rows(m: ResolvedMatrix) -> list[tuple[str, str]]:
     """vLLM's names and the backends they run, as the matrix's backends declare them."""
     return V.VllmNames.from_backends(m.backends).rows()
@@ -446,5 +458,6 @@ def render_pages(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
     text = R.markdown_env(TEMPLATES).get_template("vllm-comparison.md.j2").render(
         h=R.header(m, meta), page=comparison_page(m, answers), kinds=KINDS, others=NOT_DISAGREEMENTS, noise=RERUN_NOISE,
         release=release_info(answers, f"matrix/data/vllm/{Path(answers.path).name}"), mapping=mapping_rows(m),
+        builds=build_versions(m),
         sources=list(V.VLLM_SOURCES), max_rows=DISAGREEMENT_ROWS)
     return {PAGE_PATH: text}
