@@ -441,6 +441,9 @@ class Grid:
     json_file: str  # path relative to the arch page
     default_source: str | None  # the source set id most cells share; cells show only a different one
     counts: tuple[int, int, int]  # supported, unsupported, unknown
+    parts: list[tuple[str, list[str], list[tuple[str, list[str]]]]] = field(default_factory=list)
+    # per op: (op, its feature-set columns, rows "dtype head size" -> cell texts): the grid as the page shows it,
+    # one table per op, so no op carries another's columns
 
 
 def cell_text(c: ResolvedCell, legend: Legend, default_source: str | None = None) -> str:
@@ -478,11 +481,20 @@ def grid(m: ResolvedMatrix, arch: str, backend: str, cs: Sequence[ResolvedCell],
         rows.setdefault(rk, [""] * len(cols))[col_idx[k.features]] = cell_text(c, legend, default_source)
         if c.conflicts:
             conflicts.append((f"{labels[rk]} {feature_label(k.features)}", list(c.conflicts)))
+    parts = []
+    for op_index, op in enumerate(OPS):
+        keys = sorted(k for k in rows if k[0] == op_index)
+        if not keys:
+            continue
+        used = [i for i in range(len(cols)) if any(rows[k][i] for k in keys)]
+        parts.append((op, [feature_label(cols[i]) for i in used],
+                      [(labels[k].removeprefix(op + " "), [rows[k][i] for i in used]) for k in keys]))
     return Grid(
         backend=backend, label=str(m.backends.get(backend, {}).get("label", backend)),
         columns=[feature_label(f) for f in cols], rows=[(labels[k], rows[k]) for k in sorted(rows)],
         conflicts=conflicts, json_file=json_link(arch, backend), default_source=default_source,
-        counts=tuple(sum(c.status == s for c in cs) for s in (SUPPORTED, UNSUPPORTED, UNKNOWN)))  # type: ignore[arg-type]
+        counts=tuple(sum(c.status == s for c in cs) for s in (SUPPORTED, UNSUPPORTED, UNKNOWN)),  # type: ignore[arg-type]
+        parts=parts)
 
 
 # --- fastest backend per cell -----------------------------------------------------------------------
