@@ -396,17 +396,28 @@ class Engine:
     def explain_answer(self, arch, a: Answer, position, n, ranking) -> str:
         if a.status == SUPPORTED:
             ev = " | ".join(f"{fset_label(f) if f else 'no features'}: {v.evidence}" for f, v in a.cells)
-            return f"supported (#{position} of {n}, {a.tier}, {self.basis(arch, a, ranking)}); evidence: {ev}"
+            # An answer no single probe gave: each feature was probed on its own and the answers combined.
+            composed = f", composed from {len(a.cells)} separately probed cells" if len(a.cells) > 1 else ""
+            return (f"supported (#{position} of {n}, {a.tier}{composed}, {self.basis(arch, a, ranking)}); "
+                    f"evidence: {ev}")
         if a.status == UNSUPPORTED:
             bad = [v for _, v in a.cells if v.status == UNSUPPORTED]
             items = zip(a.reasons, bad, strict=True)
             return "unsupported: " + "; ".join(f"{r} [evidence: {v.evidence}]" for r, v in items)
         return "unknown: " + "; ".join(a.reasons)
 
-    def explain_query(self, arch, op, dtype, head_dim, head_dim_v, feats) -> dict:
+    def explain_query(self, arch, op, dtype, head_dim, head_dim_v, feats, hints=None) -> dict:
         """backend -> why it is in or out: supported ones first in selection order, then the rest by name."""
-        ordered, answers, ranking = self.query(arch, op, dtype, head_dim, head_dim_v, feats)
+        ordered, answers, ranking = self.query(arch, op, dtype, head_dim, head_dim_v, feats, hints=hints)
         out = {a.backend: self.explain_answer(arch, a, i + 1, len(ordered), ranking) for i, a in enumerate(ordered)}
+        row = self.workload_order(arch, op, dtype, head_dim, head_dim_v, feats, hints)
+        if row is not None:
+            timed = dict(row[5])
+            for a in ordered:
+                where = (f"{timed[a.backend]:.6g} ms" if a.backend in timed else "not timed there")
+                tie = ", tied with the fastest within the rerun noise" if a.backend in dict(row[5][:row[4]]) else ""
+                out[a.backend] += (f"; placed by the workload hints' bucket instead (heads {row[0]}/{row[1]}, "
+                                   f"batch {row[2]}, length {row[3]}): {where}{tie}")
         for a in sorted(answers, key=lambda a: a.backend):
             if a.backend not in out:
                 out[a.backend] = self.explain_answer(arch, a, None, len(ordered), ranking)
@@ -489,8 +500,12 @@ class Engine:
     def explain(self, capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16", **features):
         """Every backend known for that arch -> why it is in or out: "supported (#position of n, tier, basis);
         evidence: <evidence ids>", "unsupported: <every failing reason> [evidence: <id>]" or
-        "unknown: <what nothing answers>". {} for an arch with no evidence. Same arguments as select_backends."""
-        return self.explain_query(*self._query_args(capability, head_size, head_size_v, op, dtype, features))
+        "unknown: <what nothing answers>"; "composed from N separately probed cells" where no single probe gave the
+        answer; with workload hints, the bucket's timing of each. {} for an arch with no evidence. Same arguments
+        as select_backends."""
+        hints = self._hints(features)
+        query = self._query_args(capability, head_size, head_size_v, op, dtype, features)
+        return self.explain_query(*query, hints=hints)
 
     def get_flash_attn_version(self, capability, requires_alibi=False, head_size=None, head_size_v=None,
                                has_sinks=False, requires_local_attention=False, requires_softcap=False,
