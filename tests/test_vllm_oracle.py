@@ -501,6 +501,6 @@ def test_a_routed_cell_is_not_a_flash_attention_answer():
     assert (c.label, c.routed) == ("TRITON_ATTN", True) and "sink not supported on compute capability" in c.why
     c = V.vllm_choice(a, "sm_90", "prefill", "bfloat16", 128, 128, ("causal",))
     assert (c.backend, c.routed) == ("vllm_fa3", False) and "picks FLASH_ATTN" in c.why
-    # a V head size of its own asks the version helper alone
+    # a V head size of its own: the backend choice at the query/key head size, the version helper with both
     c = V.vllm_choice(a, "sm_90", "prefill", "bfloat16", 192, 128, ("causal",))
-    assert not c.routed and "attention backend" not in c.why
+    assert not c.routed and "picks FLASH_ATTN" in c.why and c.backend == "vllm_fa3"

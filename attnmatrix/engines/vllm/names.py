@@ -22,8 +22,9 @@ backend choice of vLLM's CUDA platform (its priority list for the capability, ea
 `validate_configuration` with the cell's head size, dtype, sinks, sliding window, paged-KV block size and fp8 KV
 cache); where that is FLASH_ATTN they ask `get_flash_attn_version` with the cell's head sizes, ALiBi, sinks,
 softcap and block size (vLLM 0.33.0 takes no local-attention argument), and where it is another backend the cell
-is *routed* (`VllmChoice.routed`): the FA version is then not what vLLM runs. Cells with a V head size of its
-own ask the version helper alone (a decoder layer has one head size). mla_prefill asks the MLA prefill choice
+is *routed* (`VllmChoice.routed`): the FA version is then not what vLLM runs. The backend choice takes one head
+size (vLLM's selector config has no V head size): a cell whose V head size differs asks it at the query/key head
+size, and the version helper with both. mla_prefill asks the MLA prefill choice
 (priority walk and validate_configuration) for the MLA triple(s) of the cell's (qk, v) head dims
 (`matrix.cases.MLA_TRIPLES`) and its dtype.
 """
@@ -196,11 +197,11 @@ def vllm_choice(answers: A.Answers, arch: str, op: str, dtype: str, head_dim: in
         if r["backend"] is None:
             return VllmChoice(None, "none", why)
         return VllmChoice(names.backend_for(r["backend"], r["fa_version"]), _mla_label(r), why, bool(r["pads_v"]))
-    # The whole decision: the attention backend (priority list, each backend's validate_configuration), then,
-    # for FLASH_ATTN, the FlashAttention version. A decoder layer has one head size: cells with another V head
-    # size ask the version helper alone.
+    # The whole decision: the attention backend (priority list, each backend's validate_configuration, asked
+    # with the query/key head size: vLLM's selector config has no V head size), then, for FLASH_ATTN, the
+    # FlashAttention version (which takes both head sizes).
     decision, chosen = "", FLASH_ATTN
-    d = answers.backend(cap, head_dim, dtype, **A.backend_params(features)) if head_dim == head_dim_v else None
+    d = answers.backend(cap, head_dim, dtype, **A.backend_params(features))
     if d is not None:
         refused = "; ".join(f"{n} refused ({', '.join(why)})" for n, why in d["refused"]
                             if d["backend"] is None or d["priorities"].index(n) < d["priorities"].index(d["backend"]))

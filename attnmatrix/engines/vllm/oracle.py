@@ -254,13 +254,14 @@ def _path_of(member: Any) -> str | None:
 
 
 def backend_queries() -> list[BackendQuery]:
-    """Every GPU arch x equal (head_dim, head_dim) x dtype x the distinct backend-choice inputs of the probed
-    feature sets (sinks, sliding window, KV block size, fp8 KV cache)."""
+    """Every GPU arch x query/key head size of the space x dtype x the distinct backend-choice inputs of the
+    probed feature sets (sinks, sliding window, KV block size, fp8 KV cache). vLLM's selector config has one head
+    size (the query/key one), also for a layer whose V head size differs."""
     from attnmatrix.matrix.cases import ARCHS, BACKEND_FEATURE_SETS, DTYPES, FEATURE_SETS, HEAD_DIMS
 
     sets = [*FEATURE_SETS, *(f for fs in BACKEND_FEATURE_SETS.values() for f in fs)]
     params = {tuple(sorted(backend_params(fs).items())) for fs in sets}
-    out = {BackendQuery(capability_of(a), hd, d, **dict(p)) for a in ARCHS for hd, hdv in HEAD_DIMS if hd == hdv
+    out = {BackendQuery(capability_of(a), hd, d, **dict(p)) for a in ARCHS for hd, _ in HEAD_DIMS
            for d in DTYPES for p in params}
     return sorted(out, key=BackendQuery.key)
 
