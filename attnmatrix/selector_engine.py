@@ -324,6 +324,8 @@ class Engine:
         layers, those nearest to the hinted head counts (query heads, then the GQA ratio, in log space; exact
         when timed), then the bucket nearest to the hinted batch and length. `ties`: how many of the first
         backends are within the rerun noise of the fastest."""
+        if op == "decode":  # one query token at the end sees the whole cache: causal or not, the same call
+            feats = tuple(sorted(set(feats) | {"causal"}))
         rows = self.data.get("workloads", {}).get(arch, {}).get((op, dtype, head_dim, head_dim_v, fset_label(feats)))
         if not rows or not hints:
             return None

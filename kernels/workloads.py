@@ -76,7 +76,10 @@ def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
                                                                  r["heads_kv"]) in passed:
             _, _, op, dtype, dims, _ = r["case"].split("/")
             hd, _, hdv = dims.partition("x")
-            key = (r["arch"], op, dtype, int(hd), int(hdv or hd), layer_features(r["case"]), r["heads_q"],
+            feats = layer_features(r["case"])
+            if op == "decode":  # one query token at the end sees the whole cache: causal or not, the same call
+                feats = tuple(sorted(set(feats) | {"causal"}))
+            key = (r["arch"], op, dtype, int(hd), int(hdv or hd), feats, r["heads_q"],
                    r["heads_kv"], r["batch"], r["length"])
             times.setdefault(key, {}).setdefault(r["backend"], {})[r.get("rep", 0)] = r["ms"]
     ratios = sorted(max(v.values()) / min(v.values()) for per in times.values() for v in per.values() if len(v) > 1)
@@ -194,7 +197,20 @@ def parse_presets(data: dict, where: str = "models") -> list[Layer]:
 
 
 def load_presets(path: str | Path | None = None) -> list[Layer]:
+    """The layers of a models file. matrix/data/models.json is read by its own loader (matrix/models.py, which
+    checks each layer against its cited config), at each model's typical tensor-parallel split."""
     path = Path(path) if path else DEFAULT_MODELS
+    if path.resolve() == DEFAULT_MODELS.resolve() and path.is_file():
+        from attnmatrix.matrix.models import load_models
+
+        out = []
+        for name, m in sorted(load_models(path).items()):
+            for ly in m.layers:
+                hq, hkv = ly.per_rank(m.tp)
+                out.append(Layer(model=name, layer=ly.type, heads_q=hq, heads_kv=hkv, head_dim=ly.head_dim,
+                                 head_dim_v=ly.head_dim_v, window=ly.sliding_window, softcap=ly.softcap,
+                                 sinks=ly.sinks, qk_rope=ly.qk_rope_head_dim, source=m.source))
+        return out
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
