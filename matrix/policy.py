@@ -90,8 +90,10 @@ def describe(rec: Record) -> str:
     if rec.tier == "shipped":
         what = rec.reason if is_positive(rec) else "no matching kernel"
         return f"shipped {rec.outcome} for {p.get('target', rec.case.arch)} in {lib} {ver}: {what}"
-    where = p.get("device", "?") if rec.tier == "validated" else f"cross-compiled for {p.get('target', rec.case.arch)}"
-    return f"{rec.tier} {rec.outcome} on {where} with {lib} {ver}, {p.get('date', '?')}"
+    if rec.tier == "compiled":  # "compiled compiled on cross-compiled ..." said the tier and outcome twice
+        what = "compiled" if rec.outcome == "compiled" else f"{rec.outcome} when compiled"
+        return f"{what} for {p.get('target', rec.case.arch)} (not run) with {lib} {ver}, {p.get('date', '?')}"
+    return f"{rec.tier} {rec.outcome} on {p.get('device', '?')} with {lib} {ver}, {p.get('date', '?')}"
 
 
 def provenance_source(rec: Record) -> str:

@@ -79,7 +79,8 @@ def read_records(path: str | os.PathLike, *, problems: list[Problem] | None = No
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            found.append(Problem(str(p), n, "(json)", f"not valid JSON: {e.msg} at column {e.colno}"))
+            msg = e.msg.removesuffix(" at")  # "Unterminated string starting at": one "at", then the column
+            found.append(Problem(str(p), n, "(json)", f"not valid JSON: {msg} at column {e.colno}"))
             continue
         except (ValueError, RecursionError) as e:  # an integer of > 4300 digits, nesting too deep
             found.append(Problem(str(p), n, "(json)", f"not valid JSON: {e}"))

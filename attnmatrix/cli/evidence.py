@@ -351,6 +351,8 @@ def snapshot(root, as_json) -> None:
 
     The docs' changelog page is the diff from this snapshot (matrix/data/history/previous.jsonl) to
     the matrix being generated. Take one when a matrix version is published, then commit new results.
+    The order that keeps `check` green: snapshot, merge the new evidence, generate, check (a snapshot taken
+    after `generate` changes the changelog page, so `generate` must run again).
     """
     from attnmatrix.matrix.history import dump_snapshot
 
@@ -362,7 +364,8 @@ def snapshot(root, as_json) -> None:
     mid = project_mod.matrix_id(ev, proj.data_dir)
     atomic_write_text(proj.snapshot_file, dump_snapshot(resolve(ev), mid))
     msg = {"matrix_id": mid, "file": str(proj.snapshot_file)}
-    click.echo(json.dumps(msg) if as_json else f"snapshot of matrix {mid} written to {proj.snapshot_file}")
+    click.echo(json.dumps(msg) if as_json else f"snapshot of matrix {mid} written to {proj.snapshot_file}; the "
+               "changelog page diffs against it: merge new evidence, then `attnmatrix generate`")
 
 
 def _load_side(spec: str) -> Evidence:
@@ -370,7 +373,9 @@ def _load_side(spec: str) -> Evidence:
         return load_for_reading(locate(say=False), ())
     problems: list[Problem] = []
     try:
-        ev = load_evidence([spec], include_embedded=False, problems=problems, data_dir=locate(say=False).data_dir)
+        # the file's own records (no declared facts): what it says, to compare with the matrix's cells at its keys
+        ev = load_evidence([spec], include_embedded=False, declared=None, problems=problems,
+                           data_dir=locate(say=False).data_dir)
     except InputError as e:
         fail_input(e.problems)
     if problems:
@@ -388,11 +393,27 @@ def _load_side(spec: str) -> Evidence:
 def diff(a, b, threshold, as_json) -> None:
     """What changed from matrix A to matrix B (result files or folders; `embedded` for the committed one).
 
-    A file with problems is unusable input: they are listed and the exit code is 2.
+    Like is compared with like: `diff embedded FILE` (or `diff FILE embedded`) compares the file's cells with
+    the matrix's cells at the same keys, not the file with the whole matrix (whose other cells would all read
+    as removed). A file with problems is unusable input: they are listed and the exit code is 2.
+
+    \b
+    Examples:
+      attnmatrix diff embedded matrix/data/results/cpu-sdpa-torch2.13.0-cpu-amd-epyc-20261130.jsonl
+      attnmatrix diff old-results/ new-results/ --threshold 0.2
     """
     from attnmatrix.matrix.diff import diff_matrices
 
-    changes = diff_matrices(resolve(_load_side(a)), resolve(_load_side(b)), speed_threshold=threshold)
+    locate(say=not as_json)
+    before, after = resolve(_load_side(a)), resolve(_load_side(b))
+    if (a == "embedded") != (b == "embedded"):
+        covered = set((after if a == "embedded" else before).cells)
+        for m in (before, after):
+            m.cells = {k: c for k, c in m.cells.items() if k in covered}
+        if not as_json:
+            click.echo(f"comparing the {len(covered)} cell(s) of {b if a == 'embedded' else a} with the matrix's "
+                       "cells at the same keys", err=True)
+    changes = diff_matrices(before, after, speed_threshold=threshold)
     if as_json:
         for c in changes:
             click.echo(json.dumps(c.to_json(), sort_keys=True))

@@ -68,6 +68,54 @@ def _check_out(path: Path) -> None:
         fail_input(e.problems)
 
 
+def _xcompile_plan(cases: list, targets: list[str], workers: int) -> str:
+    """What xcompile is about to do, said before it starts: cases, compiles, and about how long, from the
+    compile times the matrix's own compiled records carry (extra.compile_s)."""
+    from statistics import median
+
+    compiles = len(cases) * len(targets)
+    ev = load_evidence([], declared=None)
+    seconds = [r.extra["compile_s"] for r in ev.records
+               if r.tier == "compiled" and isinstance((r.extra or {}).get("compile_s"), (int, float))]
+    head = f"xcompile: {len(cases)} case(s) x {len(targets)} target(s) = {compiles} compile(s), {workers} worker(s) " \
+           f"per target"
+    if not seconds:
+        return head
+    each = median(seconds)
+    total = each * compiles / workers
+    return (f"{head}; about {_duration(total)} at the matrix's median {each:.0f} s per compile "
+            f"(first compiles of a target are slower; cases already recorded are skipped)")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+class _LineProgress:
+    """Progress for a log rather than a terminal: a line every tenth of the work (and at least every 30 s),
+    with counts, the rate and an estimate of what is left."""
+
+    def __init__(self, label: str, total: int, describe):
+        import time
+
+        self.label, self.total, self.describe, self.done = label, total, describe, 0
+        self.t0 = self.last = time.monotonic()
+        self.step = max(1, total // 10)
+
+    def __call__(self, rec) -> None:
+        import time
+
+        self.done += 1
+        now = time.monotonic()
+        if self.done % self.step and self.done != self.total and now - self.last < 30:
+            return
+        self.last = now
+        rate = self.done / max(now - self.t0, 1e-9)
+        left = (self.total - self.done) / rate if rate else 0
+        click.echo(f"{self.label}: {self.done}/{self.total} ({100 * self.done // max(self.total, 1)}%), "
+                   f"{rate * 60:.1f} cases/min, about {_duration(left)} left; last: {self.describe(rec)}", err=True)
+
+
 def _progress_bar(label: str, quiet: bool, describe):
     """A progress bar on stderr; returns `on_open(store, todo)` for workflow.probe_into."""
     stack = contextlib.ExitStack()
@@ -77,6 +125,8 @@ def _progress_bar(label: str, quiet: bool, describe):
             click.echo(f"note: cut a torn last line ({store.repaired_bytes} bytes) from {store.path}", err=True)
         if quiet:
             return None
+        if not sys.stderr.isatty():  # a log (CI, nohup, a pipe): a bar would print its label once and nothing else
+            return _LineProgress(label, todo, describe)
         bar = stack.enter_context(click.progressbar(length=todo, label=label, file=sys.stderr, show_pos=True,
                                                     show_eta=True, item_show_func=lambda s: s))
         return lambda rec: bar.update(1, describe(rec))
@@ -119,8 +169,7 @@ def local_sweep(cases: list, out: Path, *, device: str, workers: int | None, tim
 
     def opened(store, todo):
         if not quiet:
-            click.echo(f"{len({c.key for c in cases})} cases, {len(store.done)} already recorded in {out}, "
-                       f"{todo} to probe", err=True)
+            click.echo(sweep_banner(cases, store, todo), err=True)
         return on_open(store, todo)
 
     with bar:
@@ -128,6 +177,16 @@ def local_sweep(cases: list, out: Path, *, device: str, workers: int | None, tim
             return workflow.probe_into(cases, out, workflow.LocalExecutor(cfg), on_open=opened)
         except InputError as e:
             fail_input(e.problems)
+
+
+def sweep_banner(cases: list, store: ResultStore, todo: int) -> str:
+    """"N cases, A already recorded in FILE, T to probe", with A + T = N: records in the file for cases outside
+    this sweep are counted apart, not as cases of it."""
+    keys = {c.key for c in cases}
+    already = len(keys & set(store.done))
+    other = len(store.done) - already
+    return (f"{len(keys)} cases, {already} already recorded in {store.path}, {todo} to probe"
+            + (f" ({other} other record(s) in the file are kept)" if other else ""))
 
 
 def print_summary(summary, out: Path, as_json: bool) -> None:
@@ -304,8 +363,7 @@ def _probe_fleet(*, names, head_dims, features_spec, ops, dtypes, out: Path | No
         def opened(store, todo):
             if not as_json:
                 click.echo(f"ray lanes: {lane_list}", err=True)
-                click.echo(f"{len(cases)} cases on {', '.join(targets)}, {len(store.done)} already recorded in "
-                           f"{out}, {todo} to probe", err=True)
+                click.echo(f"{', '.join(targets)}: {sweep_banner(cases, store, todo)}", err=True)
             return on_open(store, todo)
 
         def on_event(kind: str, info: dict) -> None:
@@ -382,12 +440,14 @@ def xcompile(archs, backends, head_dims, features_spec, ops, dtypes, out, worker
     cases = build_space(normalize_arch(targets[0]), names, head_dims, features_spec, ops, dtypes)
     path = out or DEFAULT_RESULTS / "xcompile.jsonl"
     _check_out(path)
+    if not as_json:
+        click.echo(_xcompile_plan(cases, targets, workers), err=True)
 
     def show(rec) -> None:
         if not as_json:
             ex = rec.extra or {}
-            click.echo(f"{rec.provenance.get('target', rec.case.arch):8} {rec.outcome:9} "
-                       f"{ex.get('compile_s', ''):>7} s  {rec.case.key}"
+            took = f"{ex['compile_s']:>7} s" if isinstance(ex.get("compile_s"), (int, float)) else " " * 9
+            click.echo(f"{rec.provenance.get('target', rec.case.arch):8} {rec.outcome:9} {took}  {rec.case.key}"
                        + (f"  | {rec.reason[:120]}" if rec.reason else ""), err=True)
 
     try:

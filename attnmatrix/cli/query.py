@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import textwrap
 from pathlib import Path
 
 import click
@@ -89,7 +92,7 @@ def _feature_options(f):
 @click.option("--limit", type=int, default=None, callback=count_callback, help="Show at most this many cells.")
 def show(arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier, extra, fmt, limit) -> None:
     """The resolved matrix: one row per cell, filtered. `--backend trtllm` matches every trtllm_* backend."""
-    m = resolve(load_for_reading(locate(say=False), extra))
+    m = resolve(load_for_reading(locate(say=fmt != "json"), extra))
     cells = _select(m, arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier)[:limit]
     if fmt == "json":
         for c in cells:
@@ -112,19 +115,37 @@ def show(arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier,
               help="Query/key head size (required unless --model).")
 @click.option("--head-size-v", type=int, default=None, callback=head_size_callback,
               help="V head size if different (MLA: 128 for 192).")
-@click.option("--op", type=click.Choice(OPS), default="prefill", show_default=True)
-@click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True)
+@click.option("--op", type=click.Choice(OPS), default="prefill", show_default=True, help="The attention operation.")
+@click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True,
+              help="The query/key/value dtype.")
 @_feature_options
-@click.option("--results", "extra", multiple=True, type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--results", "extra", multiple=True, type=click.Path(path_type=Path),
+              help="Extra result files or folders to answer from, beside the matrix.")
+@click.option("--json", "as_json", is_flag=True, help="The whole answer as JSON, every reason in full.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Every reason and source in full (wrapped), machine paths and environment notes included.")
 @click.option("--model", default=None, help="A model preset (matrix/data/models.json): answer for each of its "
               "attention layer types instead of one query (no --head-size or feature options).")
 @click.option("--tp", type=int, default=None, help="With --model: the tensor-parallel split (heads per GPU); "
               "default the preset's typical one.")
-def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json, model, tp, **features) -> None:
+def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json, verbose, model, tp,
+            **features) -> None:
     """For one query: the backends in order, and for every other backend every reason and its evidence.
-    With --model: the same for each attention layer type of a real model (its heads, head dims, window, softcap,
-    sinks, MLA dims), e.g. `attnmatrix explain --arch sm_90 --model gemma-2-9b --tp 2`."""
+
+    Supported backends come first, numbered in the selector's order (how that order is decided is said once
+    at the top), then the others. Lines are wrapped to the terminal's width; long reasons and sources are cut
+    to one line (--verbose or --json gives them in full). With --model: the same for each attention layer
+    type of a real model (its heads, head dims, window, softcap, sinks, MLA dims).
+
+    \b
+    Examples:
+      attnmatrix explain --arch sm_90 --head-size 128
+      attnmatrix explain --arch sm_100 --head-size 256 --sliding-window
+      attnmatrix explain --capability 9.0 --head-size 192 --head-size-v 128 --op mla_prefill
+      attnmatrix explain --arch sm_90 --head-size 128 --page-size 16 --op decode --verbose
+      attnmatrix explain --arch sm_90 --model gemma-2-9b --tp 2
+      attnmatrix explain --arch sm_90 --head-size 128 --json
+    """
     if not arch and not capability:
         raise UsageError("give --arch or --capability")
     refuse_conflicts(click.get_current_context(), excludes=(("arch", "capability"),))
@@ -144,9 +165,8 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
     except ValueError as e:
         raise UsageError(str(e)) from None
     hdv, feats = q.head_dim_v, q.features
-    m = resolve(load_for_reading(locate(say=False), extra))
+    m = resolve(load_for_reading(locate(say=not as_json), extra))
     ordered, answers = T.query(m, q)
-    backends = [a.backend for a in answers]
     ranking = T.applicable_ranking(m, q)
     query = {"arch": arch, "op": op, "dtype": dtype, "head_size": head_size, "head_size_v": hdv,
              "features": list(feats)}
@@ -164,28 +184,72 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False))
         return
-    click.echo(f"query: {arch} {op} {dtype} head {head_size}x{hdv} features {'+'.join(feats) or 'none'}")
-    if not backends:
-        click.echo(f"no evidence at all for {arch}: nothing can be recommended (conservative answer: [])")
+    _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, ranking, verbose)
+
+
+# How an order is decided, said once per answer instead of a bare "default rank N" on every line.
+ORDER_BASIS = ("How the order is decided: backends measured on this machine class come first, by latency "
+               "(like for like, on the timing shapes they share); then a declared ranking where one applies (an "
+               "upstream source's order); then the default rank, a fixed preference per arch in "
+               "matrix/data/backends.json (lower first) used only where nothing is measured or declared.")
+
+# Text of this machine rather than of the kernel: a cache path, a temporary folder, an environment variable's
+# setting. Shortened in the terminal (they are kept in full under --verbose and --json).
+_MACHINE_PATH = re.compile(r"(?:<cache>|/root|/home/[^/\s]+|/tmp|/var/tmp)(?:/[^\s:;,)'\"]+)+")
+_ENV_NOTE = re.compile(r",? and [A-Z][A-Z0-9_]+ is set(?=[,;.)]| so|$)|\(?[A-Z][A-Z0-9_]+ is set\)?[;,]? ?")
+
+
+def without_machine_artefacts(text: str) -> str:
+    """`text` with this machine's paths and environment notes shortened: they say nothing about the kernel."""
+    text = _MACHINE_PATH.sub(lambda m: "…/" + m.group(0).rsplit("/", 1)[-1], text)
+    return _ENV_NOTE.sub("", text).strip()
+
+
+def _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, ranking, verbose: bool) -> None:
+    """The answer for a terminal: supported backends in their order, numbered, then the others; every line
+    wrapped to the terminal's width; long reasons and sources cut to one line (in full with --verbose)."""
+    width = max(60, shutil.get_terminal_size((100, 24)).columns)
+
+    def out(text: str, indent: int = 0, *, full: bool = True) -> None:
+        pad = " " * indent
+        if not verbose:
+            text = without_machine_artefacts(text)
+            if not full and len(pad) + len(text) > width:
+                text = text[: width - len(pad) - 1].rstrip() + "…"
+        click.echo(textwrap.fill(text, width, initial_indent=pad, subsequent_indent=pad + "  ",
+                                 break_on_hyphens=False) if text else "")
+
+    out(f"query: {arch} {op} {dtype}, head size {head_size}x{hdv}, features {'+'.join(feats) or 'none'}")
+    if not answers:
+        out(f"no evidence at all for {arch}: nothing can be recommended (conservative answer: [])")
         return
-    click.echo("order: " + (", ".join(a.backend for a in ordered) or "(no supported backend)"))
+    out("order: " + (", ".join(a.backend for a in ordered) or "(no supported backend)"))
+    out(ORDER_BASIS)
     if ranking:
-        click.echo(f"declared ranking {ranking.id}: {' > '.join(ranking.order)} ({'; '.join(ranking.sources)})")
-    for a in sorted(answers, key=lambda a: (a.status != SUPPORTED, a.backend)):
+        out(f"declared ranking {ranking.id}: {' > '.join(ranking.order)} ({'; '.join(ranking.sources)})")
+    position = {a.backend: i for i, a in enumerate(ordered)}
+    rest = sorted((a for a in answers if a.backend not in position),
+                  key=lambda a: (STATUSES.index(a.status) if a.status in STATUSES else 9, a.backend))
+    for a in [*ordered, *rest]:
         lat = f", {a.latency_ms:.4g} ms" if a.latency_ms else ""
-        click.echo(f"\n{a.backend}: {a.status} [{a.tier or 'no evidence'}{lat}]")
+        rank = f"{position[a.backend] + 1}. " if a.backend in position else ""
+        click.echo("")
+        out(f"{rank}{a.backend}: {a.status} [{a.tier or 'no evidence'}{lat}]")
         if a.basis:
-            click.echo(f"  order: {a.basis}")
+            out(f"placed: {a.basis}", 2)
         for reason in a.reasons:
-            click.echo(f"  - {reason}")
+            out(f"- {reason}", 2, full=False)
         for c in a.cells:
-            click.echo(f"  cell {c.case.key}: {c.status} ({c.tier})")
+            out(f"cell {c.case.key}: {c.status} ({c.tier})", 2)
             if c.reason and c.status != SUPPORTED:
-                click.echo(f"    reason: {c.reason}")
-            for s in c.sources:
-                click.echo(f"    source: {s}")
+                out(f"reason: {c.reason}", 4, full=False)
+            for src in c.sources:
+                out(f"source: {src}", 4, full=False)
             for cf in c.conflicts:
-                click.echo(f"    conflict: {cf}")
+                out(f"conflict: {cf}", 4, full=False)
+    if not verbose:
+        click.echo("")
+        out("(long reasons and sources are cut to one line: --verbose or --json shows them in full)")
 
 
 def _explain_model(arch: str, model: str | None, tp: int | None, op: str, dtype: str, extra, as_json: bool) -> None:
