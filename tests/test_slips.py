@@ -203,3 +203,30 @@ def test_the_selector_refuses_what_the_cli_refuses(call, says):
     with pytest.raises(ValueError, match=says):
         call(selector)
     assert selector.get_flash_attn_version((9, 0), head_size=128) in (2, 3, 4)
+
+
+# --- a rerun's timing noise is not evidence ------------------------------------------------------------------------
+
+
+def test_the_rerun_noise_band_is_the_committed_measurement():
+    from attnmatrix.matrix.diff import RERUN_NOISE
+
+    measured = json.loads((Path(__file__).parents[1] / "benchmarks" / "results" / "rerun_variance.json").read_text())
+    assert RERUN_NOISE == (measured["latency_ratio"]["p05"], measured["latency_ratio"]["p95"])
+
+
+def test_a_rerun_reports_timing_changes_only_beyond_the_measured_noise(make_rec):
+    from attnmatrix.matrix.diff import RERUN_NOISE, diff_matrices
+    from attnmatrix.matrix.evidence import Evidence
+    from attnmatrix.matrix.policy import resolve
+
+    def matrix(*latencies):
+        ev = Evidence()
+        for i, ms in enumerate(latencies):
+            ev.add(make_rec(head_dim=64 + 32 * i, latency_ms=ms), f"r.jsonl:{i + 1}")
+        return resolve(ev)
+
+    before, after = matrix(1.0, 1.0, 1.0), matrix(1.15, 0.86, 1.5)  # two within the noise, one beyond it
+    assert len([c for c in diff_matrices(before, after) if c.kind in ("faster", "slower")]) == 3
+    changes = [c for c in diff_matrices(before, after, noise=RERUN_NOISE) if c.kind in ("faster", "slower")]
+    assert [(c.kind, c.after) for c in changes] == [("slower", "1.5 ms")]

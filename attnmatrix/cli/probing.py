@@ -544,13 +544,22 @@ def run(root, backends, head_dims, features_spec, ops, dtypes, results_dir, repr
         if rec.outcome != "unavailable":
             merged.add(rec, where)
     fresh = len(merged.records) - len(base.records)
-    changes = diff_matrices(resolve(base), resolve(merged))
+    from attnmatrix.matrix.diff import RERUN_NOISE
+
+    # A re-timing of cells the matrix holds is a rerun: a latency moving less than a rerun's measured noise is
+    # not a change (a busy machine would otherwise offer "faster: 40" as evidence).
+    loose = diff_matrices(resolve(base), resolve(merged))
+    changes = diff_matrices(resolve(base), resolve(merged), noise=RERUN_NOISE)
+    within = sum(c.kind in ("faster", "slower") for c in loose) - sum(c.kind in ("faster", "slower") for c in changes)
     counts: dict[str, int] = {}
     for c in changes:
         counts[c.kind] = counts.get(c.kind, 0) + 1
     click.echo(f"\nnew evidence: {fresh} record(s) in {out}")
     click.echo("what it would change in the matrix: "
                + (", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "nothing"))
+    if within:
+        click.echo(f"({within} latency difference(s) within a rerun's measured noise, {RERUN_NOISE[0]:g}x to "
+                   f"{RERUN_NOISE[1]:g}x, not counted as changes)")
     name = out.stem + "-" + workflow.new_run_id().split("-")[0] + ".jsonl"
     click.echo("\nthe selector and docs were not changed (they follow the committed matrix). To contribute:\n"
                f"  attnmatrix merge {out} -o matrix/data/results/{name}\n"
