@@ -233,6 +233,12 @@ def markdown_env(*template_dirs: Path) -> jinja2.Environment:
     return _env(md_escape, *template_dirs)
 
 
+def python_env(*template_dirs: Path) -> jinja2.Environment:
+    """The Python environment (values written with `pylit`) over more template folders: an engine's generated
+    module (attnmatrix/engines/<engine>/templates) renders with it."""
+    return _env(pylit, *template_dirs)
+
+
 # --- header / meta --------------------------------------------------------------------------------
 
 def header(m: ResolvedMatrix, meta: dict) -> dict:

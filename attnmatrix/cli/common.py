@@ -113,12 +113,15 @@ def render(ev: Evidence, proj: project_mod.Project) -> dict[str, str]:
     m = resolve(ev)
     meta = {"matrix_id": project_mod.matrix_id(ev, proj.data_dir), "kernel_versions": project_mod.kernel_versions(ev),
             "files": project_mod.relative_files(ev, proj)}
+    from attnmatrix.engines.vllm.module import profile_file
     from attnmatrix.engines.vllm.names import answers_file
 
     if (proj.data_dir / "models.json").exists():
         meta["models"] = str(proj.data_dir / "models.json")
     if answers_file(proj.data_dir).exists():
         meta["vllm_answers"] = str(answers_file(proj.data_dir))
+    if profile_file(proj.data_dir).exists():
+        meta["vllm_profile"] = str(profile_file(proj.data_dir))
     if proj.snapshot_file.exists():
         try:
             prev_id, prev = load_snapshot(proj.snapshot_file, ev.backends)

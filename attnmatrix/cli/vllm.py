@@ -61,3 +61,45 @@ def vllm_answers(wheel: str, output: str | None, root: str | None) -> None:
     n_fa, n_mla = len(doc["flash_attn_version"]), len(doc["mla_prefill"])
     click.echo(f"{'wrote' if changed else 'unchanged'} {output}: {n_fa} get_flash_attn_version answers, "
                f"{n_mla} MLA prefill answers, {len(doc['executed_files'])} vLLM files executed", err=True)
+
+
+@main.command("vllm-patch")
+@click.option("--source", "source", required=True, type=click.Path(exists=True, file_okay=False),
+              help="A vLLM source checkout (the release's sdist or a git clone at its tag).")
+@click.option("-o", "--output", default=None,
+              help="Write the diff to this file (default: standard output). An existing file is replaced only if it "
+                   "is a patch this command wrote.")
+def vllm_patch(source: str, output: str | None) -> None:
+    """Write the unified diff that makes vLLM take its attention choices from attnmatrix's evidence.
+
+    \b
+    The diff vendors the generated vLLM-shaped module (attnmatrix/engines/vllm/selection.py, with the selector,
+    the query engine and the vocabulary) into vLLM as vllm/attnmatrix/, and replaces vLLM's hand-written rules
+    with calls into it: get_flash_attn_version (fa_utils.py), the MLA prefill priority list
+    (Platform.get_mla_prefill_backend_cls, platforms/interface.py) and FA4's head-size-256 block size
+    (FlashAttentionBackend._get_fa4_hd256_block_size, flash_attn.py). The vendored files are this
+    installation's; `attnmatrix check` says whether they are current. Example:
+      attnmatrix vllm-patch --source vllm-0.33.0 -o attnmatrix-vllm.diff
+      cd vllm-0.33.0 && git apply --check ../attnmatrix-vllm.diff && git apply ../attnmatrix-vllm.diff
+    """
+    from pathlib import Path
+
+    from attnmatrix.engines.vllm import patch as P
+    from attnmatrix.matrix.storage import atomic_write_text
+
+    try:
+        diff = P.make_patch(source)
+    except P.PatchError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_USAGE)
+    if output is None:
+        click.echo(diff, nl=False)
+        return
+    out = Path(output)
+    if out.exists() and not P.is_our_patch(out):
+        click.echo(f"error: {out} exists and is not a patch written by attnmatrix vllm-patch; not replacing it",
+                   err=True)
+        sys.exit(EXIT_USAGE)
+    atomic_write_text(out, diff)
+    n_files = sum(line.startswith("diff --git ") for line in diff.splitlines())
+    click.echo(f"wrote {out}: {n_files} files", err=True)
