@@ -309,8 +309,8 @@ def write_report(doc: dict, out: Path) -> None:
         f"- wheel `{doc['wheel']['name']}` sha256 `{doc['wheel']['sha256']}`; "
         f"{len(doc['checked_files'])} files the tests exercise are byte-identical in both "
         "(sha256 against the wheel's RECORD)",
-        f"- patch: `git apply --check` {doc['patch']['apply_check']}; {doc['patch']['files']} files, "
-        f"{doc['patch']['lines']} lines",
+        f"- patch (`attnmatrix vllm-patch`): `git apply --check` {doc['patch']['apply_check']}; "
+        f"{doc['patch']['files']} files",
         "",
         f"**Decision tests: vLLM's code {d['vllm_passed']}/{d['total']}, the generated module "
         f"{d['attnmatrix_passed']}/{d['total']}.**",
@@ -374,8 +374,7 @@ def main() -> None:
         "sdist": {"name": sdist.name, "sha256": sha256(sdist)},
         "wheel": {"name": wheel.name, "sha256": sha256(wheel)},
         "checked_files": CHECKED_FILES,
-        "patch": {"apply_check": "ok", "files": sum(ln.startswith("diff --git ") for ln in text.splitlines()),
-                  "lines": len(text.splitlines())},
+        "patch": {"apply_check": "ok", "files": sum(ln.startswith("diff --git ") for ln in text.splitlines())},
         "decision": {"total": len(decision), "vllm_passed": sum(r["vllm"]["outcome"] == "passed" for r in decision),
                      "attnmatrix_passed": sum(r["attnmatrix"]["outcome"] == "passed" for r in decision)},
         "tests": tests,
