@@ -168,7 +168,7 @@ def test_show_bad_usage_exits_2() -> None:
 def test_explain_mentions_fa4() -> None:
     r = run("explain", "--arch", "sm_100", "--head-size", "256", "--sliding-window")
     assert r.exit_code == 0, r.output
-    assert "query: sm_100 prefill bfloat16 head 256x256 features causal+sliding_window" in r.stdout
+    assert "query: sm_100 prefill bfloat16, head size 256x256, features causal+sliding_window" in r.stdout
     assert "fa4" in r.stdout
     j = run("explain", "--capability", "10.0", "--head-size", "256", "--sliding-window", "--json")
     assert j.exit_code == 0
