@@ -6,7 +6,9 @@ selection decision tests twice on this CPU:
 
 - on the pristine source tree (vLLM's hand-written rules), and
 - on the tree patched by `attnmatrix vllm-patch` (`git apply --check`, then `git apply`): vLLM's rules replaced
-  by calls into the generated module (attnmatrix/engines/vllm/selection.py, vendored as vllm/attnmatrix/).
+  by calls into the generated module (attnmatrix/engines/vllm/selection.py, vendored as vllm/attnmatrix/);
+- for comparison, on the same patched tree with the module swapped for the selector's own vLLM-compatible
+  functions (SELECTOR_ONLY: what attnmatrix answered before the vLLM-shaped module).
 
 The decision tests (28) are the tests of `tests/kernels/attention/test_attention_selector.py` and
 `tests/v1/attention/test_mla_prefill_selector.py` that assert a selection decision the module answers:
@@ -173,6 +175,30 @@ if _log:
 '''
 
 
+# The baseline: the selector's own vLLM-compatible functions (attnmatrix/selector.py) behind the module's names,
+# as before the vLLM-shaped module: no configuration inputs, no supports_fa4_hd256, no block-size answer, and
+# the validated MLA list where vLLM walks the raw one.
+SELECTOR_ONLY = '''"""The selector's own functions behind the generated module's names (the baseline)."""
+from .selector import get_flash_attn_version as _flash_attn_version
+from .selector import get_mla_prefill_backend_priorities as _mla_prefill_backend_priorities
+
+
+def get_flash_attn_version(requires_alibi=False, head_size=None, head_size_v=None, has_sinks=False,
+                           requires_softcap=False, kv_cache_block_size=None, supports_fa4_hd256=False, *,
+                           capability, requires_local_attention=False, **config):
+    return _flash_attn_version(capability, requires_alibi, head_size, head_size_v, has_sinks,
+                               requires_local_attention, requires_softcap, kv_cache_block_size)
+
+
+def get_supported_kernel_block_sizes(*args, **kwargs):
+    raise NotImplementedError("attnmatrix.selector has no kernel block-size answer")
+
+
+def get_mla_prefill_backend_priorities(capability, qk_nope_head_dim, qk_rope_head_dim, v_head_dim):
+    return _mla_prefill_backend_priorities(capability, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
+'''
+
+
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     print("+", " ".join(map(str, cmd)), file=sys.stderr)
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
@@ -313,13 +339,16 @@ def write_report(doc: dict, out: Path) -> None:
         f"{doc['patch']['files']} files",
         "",
         f"**Decision tests: vLLM's code {d['vllm_passed']}/{d['total']}, the generated module "
-        f"{d['attnmatrix_passed']}/{d['total']}.**",
+        f"{d['attnmatrix_passed']}/{d['total']}.** For comparison, the selector's own vLLM-compatible functions "
+        f"behind the same names (no configuration inputs, no block-size answer, the validated MLA list): "
+        f"{d['selector_only_passed']}/{d['total']}.",
         "",
-        "| test | vLLM's code | generated module |",
-        "| --- | --- | --- |",
+        "| test | vLLM's code | generated module | selector's functions |",
+        "| --- | --- | --- | --- |",
     ]
     for node, r in doc["tests"].items():
-        lines.append(f"| `{node.split('::', 1)[1]}` | {r['vllm']['outcome']} | {r['attnmatrix']['outcome']} |")
+        lines.append(f"| `{node.split('::', 1)[1]}` | {r['vllm']['outcome']} | {r['attnmatrix']['outcome']} "
+                     f"| {r['selector_only']['outcome']} |")
     lines += ["", "## Failures on the generated module, with the evidence", ""]
     for node, r in doc["tests"].items():
         if r["attnmatrix"]["outcome"] == "passed":
@@ -347,6 +376,7 @@ def main() -> None:
     sdist, wheel = fetch(py, work / "dl")
     record = wheel_record(wheel)
     pristine, patched = extract(sdist, work / "pristine"), extract(sdist, work / "patched")
+    baseline = extract(sdist, work / "selector-only")
     differ = [f for f in CHECKED_FILES if record.get(f) != sha256(pristine / f)]
     if differ:
         sys.exit(f"the sdist's {', '.join(differ)} differ from the wheel's: not the released code")
@@ -354,14 +384,19 @@ def main() -> None:
     run([sys.executable, "-m", "attnmatrix.cli", "vllm-patch", "--source", patched, "-o", diff], cwd=ROOT)
     run(["git", "apply", "--check", diff], cwd=patched)
     run(["git", "apply", diff], cwd=patched)
+    run(["git", "apply", diff], cwd=baseline)
+    (baseline / "vllm" / "attnmatrix" / "selection.py").write_text(SELECTOR_ONLY, encoding="utf-8")
+    run_tests(py, baseline, work / "selector-only.xml", None)
     run_tests(py, pristine, work / "vllm.xml", None)
     calls_log = work / "calls.jsonl"
     run_tests(py, patched, work / "attnmatrix.xml", calls_log)
     ours, theirs = read_junit(work / "attnmatrix.xml"), read_junit(work / "vllm.xml")
+    before = read_junit(work / "selector-only.xml")
     calls = [json.loads(line) for line in calls_log.read_text().splitlines()] if calls_log.exists() else []
     tests = {}
     for node in theirs:
-        r = {"decision": is_decision(node), "vllm": theirs[node], "attnmatrix": ours.get(node, {"outcome": "missing"})}
+        r = {"decision": is_decision(node), "vllm": theirs[node], "attnmatrix": ours.get(node, {"outcome": "missing"}),
+             "selector_only": before.get(node, {"outcome": "missing"})}
         if r["attnmatrix"]["outcome"] != "passed":
             r["evidence"] = evidence([c for c in calls if c["test"] == node])
         tests[node] = r
@@ -376,12 +411,14 @@ def main() -> None:
         "checked_files": CHECKED_FILES,
         "patch": {"apply_check": "ok", "files": sum(ln.startswith("diff --git ") for ln in text.splitlines())},
         "decision": {"total": len(decision), "vllm_passed": sum(r["vllm"]["outcome"] == "passed" for r in decision),
-                     "attnmatrix_passed": sum(r["attnmatrix"]["outcome"] == "passed" for r in decision)},
+                     "attnmatrix_passed": sum(r["attnmatrix"]["outcome"] == "passed" for r in decision),
+                     "selector_only_passed": sum(r["selector_only"]["outcome"] == "passed" for r in decision)},
         "tests": tests,
     }
     write_report(doc, args.out)
-    print(f"decision tests: vLLM's code {doc['decision']['vllm_passed']}/{doc['decision']['total']}, "
-          f"the generated module {doc['decision']['attnmatrix_passed']}/{doc['decision']['total']}")
+    d = doc["decision"]
+    print(f"decision tests: vLLM's code {d['vllm_passed']}/{d['total']}, the generated module "
+          f"{d['attnmatrix_passed']}/{d['total']}, the selector's functions {d['selector_only_passed']}/{d['total']}")
 
 
 if __name__ == "__main__":
