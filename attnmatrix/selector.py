@@ -49,14 +49,15 @@ Standard library only. DATA below is the matrix's capability data: per (arch, ba
 (ops, dtypes, head sizes, feature sets, verdict), the verdict being `outcome tier evidence-id[: short
 reason]` (the evidence id names the declared fact or the probe run; `attnmatrix explain` and `attnmatrix
 show` give the full reasons and sources), and per arch the measured latency ranking of each probed query
-class. The query engine that answers from it is `attnmatrix.selector_engine` (copy both files to vendor
-the selector); its docstring states the policy: how a feature combination is composed from probed cells,
+class. The query engine that answers from it is `attnmatrix.selector_engine`, the names both speak are
+`attnmatrix.vocabulary` (copy the three files to vendor the selector); the engine's docstring states the policy: how a feature combination is composed from probed cells,
 and how supported backends are ordered (measured latency, like for like; then declared rankings; then
 default rank).
 
 - select_backends(capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16", causal=True,
   sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False, varlen=False, page_size=None,
-  fp8=False) -> supported attnmatrix backend names, best first.
+  fp8=False)
+  -> supported attnmatrix backend names, best first (feature parameters: attnmatrix.vocabulary.QUERY_PARAMS).
 - explain(...same arguments...) -> {backend: why it is in or out, with evidence ids}.
 - get_flash_attn_version(capability, requires_alibi=False, head_size=None, head_size_v=None,
   has_sinks=False, requires_local_attention=False, requires_softcap=False, kv_cache_block_size=None)
@@ -71,7 +72,7 @@ returns a fresh list.
 
 try:
     from .selector_engine import Engine
-except ImportError:  # vendored as two plain modules
+except ImportError:  # vendored as plain modules (selector, selector_engine, vocabulary)
     from selector_engine import Engine
 
 __all__ = [

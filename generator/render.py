@@ -17,6 +17,7 @@ import html
 import json
 import math
 import re
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import jinja2
 from attnmatrix.matrix import policy
 from attnmatrix.matrix.policy import ResolvedMatrix
 
-from attnmatrix.vocabulary import capability_label
+from attnmatrix.vocabulary import QUERY_PARAMS, capability_label
 
 from . import capabilities as C
 from . import links as L
@@ -258,8 +259,11 @@ SELECTOR_BLOCK_KEYS = ("backends", "default_rank", "declared_rankings", "cells",
 def render_selector(m: ResolvedMatrix, meta: dict) -> str:
     """The selector module: the engine's data for `m` (GPU archs), written out one rule or class a line."""
     data = C.engine_data(m)
+    signature = ", ".join(["capability", "head_size", "head_size_v=None", "*", 'op="prefill"', 'dtype="bfloat16"',
+                           *(f"{k}={v!r}" for k, v in QUERY_PARAMS.items())])
     return PY_ENV.get_template("selector.py.j2").render(
         h=header(m, meta), t=data, scalar_keys=[k for k in data if k not in SELECTOR_BLOCK_KEYS],
+        select_signature=textwrap.wrap(f"- select_backends({signature})", 110, subsequent_indent="  "),
         labels={b: str(m.backends.get(b, {}).get("label", b)) for b in {b for _, b in data["cells"]}},
     )
 
