@@ -56,7 +56,7 @@ default rank).
 
 - select_backends(capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16", causal=True,
   sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False, varlen=False, page_size=None,
-  fp8=False)
+  fp8=False, fp8_kv=False)
   -> supported attnmatrix backend names, best first (feature parameters: attnmatrix.vocabulary.QUERY_PARAMS).
 - explain(...same arguments...) -> {backend: why it is in or out, with evidence ids}.
 - get_flash_attn_version(capability, requires_alibi=False, head_size=None, head_size_v=None,

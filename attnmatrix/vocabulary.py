@@ -77,6 +77,8 @@ FEATURE_INFO: tuple[Feature, ...] = (
     Feature("paged_kv", SIZED, "a paged KV cache", "page_size", 1, MAX_PAGE_SIZE,
             vllm="kv_cache_block_size", arg_doc="a block size"),
     Feature("fp8", FLAG, "fp8 (e4m3) q, k and v with per-tensor descales", "fp8"),
+    Feature("fp8_kv", FLAG, "an fp8 (e4m3) KV cache with K and V descales, the query in the case's dtype",
+            "fp8_kv", column="FP8 KV cache", vllm="kv_cache_dtype"),
     Feature("qk_rope", SIZED, "the rope part of an MLA query/key head size", None, 0, MAX_HEAD_DIM,
             qualifier=True, vllm="qk_rope_head_dim", arg_doc="the rope head dim"),
 )

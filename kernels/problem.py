@@ -9,7 +9,9 @@ the same problem" holds by construction. Conventions follow flash-attention's, w
 - window (left, right) keeps keys j with i' - left <= j <= i' + right, i' the aligned query index;
 - softcap: scores <- softcap * tanh(scores / softcap), after scaling, before masking;
 - ALiBi adds -slope * |i' - j|; sinks are one extra logit per head in the softmax denominator;
-- fp8: q, k, v are e4m3 and stand for `descale * value` (the kernel's q/k/v descales).
+- fp8: q, k, v are e4m3 and stand for `descale * value` (the kernel's q/k/v descales);
+- fp8_kv (an fp8 KV cache, vLLM's kv_cache_dtype="fp8"): k and v are e4m3 and stand for `descale * value`,
+  q stays in the case's dtype (its descale is 1).
 
 Every input is built so that a kernel that ignores a requested feature gets a visibly different answer
 (kernels/sensitivity.py measures it; tests hold every feature to >= 10x the tolerance): logits are
@@ -95,7 +97,7 @@ class Problem:
     seqlens_q: list[int] | None  # varlen: valid lengths per batch element (<= Sq)
     seqlens_k: list[int] | None
     page_size: int | None
-    fp8: bool
+    fp8: bool  # e4m3 inputs (fp8: q, k and v; fp8_kv: k and v): fp8 tolerances apply
     descale: tuple[float, float, float] | None  # fp8 q, k, v scales
 
     @property
@@ -226,6 +228,9 @@ def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu"
         fp8 = torch.float8_e4m3fn
         descale = recipe.fp8_descale
         q, k, v = ((t / d).to(fp8) for t, d in zip((q, k, v), descale, strict=True))
+    elif case.has("fp8_kv"):
+        descale = (1.0, *recipe.fp8_descale[1:])
+        k, v = ((t / d).to(torch.float8_e4m3fn) for t, d in zip((k, v), descale[1:], strict=True))
     # The mask is the case's: an MLA prefill case without `causal` is the non-causal call (vLLM's context-chunk
     # prefill over cached prefix keys), not a causal one under a misleading label.
     causal = case.has("causal")
@@ -233,6 +238,7 @@ def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu"
     return Problem(
         case=case, shape=shape, q=q, k=k, v=v, scale=1.0 / math.sqrt(case.head_dim), causal=causal,
         window=window, softcap=recipe.softcap if case.has("softcap") else 0.0, alibi_slopes=alibi, sinks=sinks,
-        seqlens_q=seqlens_q, seqlens_k=seqlens_k, page_size=case.page_size, fp8=case.has("fp8"),
+        seqlens_q=seqlens_q, seqlens_k=seqlens_k, page_size=case.page_size,
+        fp8=case.has("fp8") or case.has("fp8_kv"),
         descale=descale,
     )

@@ -61,7 +61,7 @@ def active_features(p: Problem) -> list[str]:
         "causal": p.causal, "sliding_window": p.window is not None, "softcap": bool(p.softcap),
         "alibi": p.alibi_slopes is not None, "sinks": p.sinks is not None, "gqa": p.k.shape[2] != p.q.shape[2],
         "varlen": p.seqlens_q is not None or p.seqlens_k is not None, "paged_kv": p.page_size is not None,
-        "fp8": p.fp8,
+        "fp8": p.fp8 and p.q.element_size() == 1, "fp8_kv": p.fp8 and p.q.element_size() != 1,
     }
     # `qk_rope:<n>` names how an MLA case's qk head dim splits into nope and rope parts (which vLLM's MLA
     # backends accept or refuse); the attention over the whole qk head dim is the same, so it is no feature a
@@ -133,7 +133,7 @@ def ignoring(p: Problem, feature: str) -> list[tuple[str, Output]]:
         return out
     if feature == "paged_kv":
         return [("block table ignored", _ref(_paged_in_storage_order(p)))]
-    if feature == "fp8":
+    if feature in ("fp8", "fp8_kv"):
         return [("descales ignored", _ref(replace(p, descale=None)))]
     raise KeyError(f"no way to ignore unknown feature {feature!r}")
 

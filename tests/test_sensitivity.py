@@ -48,11 +48,23 @@ def test_every_feature_has_a_way_to_be_ignored() -> None:
     p = make_problem(Case("cpu", "x", "decode", "bfloat16", 64, 64, ("causal", "gqa", "varlen", "fp8", "sinks",
                                                                        "alibi", "softcap", "sliding_window")),
                      VALIDATION_SHAPES["decode"])
-    # paged_kv is exercised by its own problems; qk_rope names the MLA head-dim split, not an effect to ignore
-    assert set(active_features(p)) == set(FEATURES) - {"paged_kv", "qk_rope"}
+    # paged_kv is exercised by its own problems, fp8_kv (fp8 K/V under a 16-bit query) by its own below;
+    # qk_rope names the MLA head-dim split, not an effect to ignore
+    assert set(active_features(p)) == set(FEATURES) - {"paged_kv", "qk_rope", "fp8_kv"}
     for f in FEATURES:
         if f in active_features(p):
             assert ignoring(p, f), f
+
+
+@pytest.mark.parametrize("op", ["prefill", "decode"])
+def test_an_fp8_kv_cache_keeps_the_query_and_its_descales_bite(op: str) -> None:
+    """vLLM's kv_cache_dtype="fp8": K and V are e4m3 with descales, Q stays bf16; dropping the descales is caught."""
+    p = make_problem(Case("cpu", "x", op, "bfloat16", 64, 64, ("causal", "fp8_kv")), VALIDATION_SHAPES[op])
+    assert p.q.dtype == torch.bfloat16 and p.k.dtype == p.v.dtype == torch.float8_e4m3fn
+    assert p.descale is not None and p.descale[0] == 1.0 and p.descale[1:] != (1.0, 1.0)
+    assert "fp8_kv" in active_features(p) and "fp8" not in active_features(p)
+    (e,) = [x for x in feature_effects(p) if x.feature == "fp8_kv"]
+    assert e.margin >= BAR, e
 
 
 def test_causal_over_one_decode_token_is_exempt_and_prefill_is_not() -> None:
