@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from attnmatrix.kernels import registry
+from attnmatrix.matrix import backends as registry
 from attnmatrix.matrix.cases import Case
 from attnmatrix.matrix.evidence import Evidence
 from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix

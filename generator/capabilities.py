@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from attnmatrix.matrix.evidence import DEFAULT_RANK_MISSING, default_rank
+from attnmatrix.matrix.backends import DEFAULT_RANK_MISSING, default_rank
 from attnmatrix.matrix.policy import ResolvedCell, ResolvedMatrix
 from attnmatrix.matrix.records import Record
 

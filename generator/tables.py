@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from attnmatrix.matrix.backends import default_rank
 from attnmatrix.matrix.cases import MLA_TRIPLES, qk_rope
-from attnmatrix.matrix.evidence import default_rank
 from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix
 
 from attnmatrix.selector_engine import Engine

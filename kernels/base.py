@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from attnmatrix.matrix import backends as B
 from attnmatrix.matrix.cases import Case
 
 from . import registry
@@ -41,8 +42,8 @@ class Backend:
     @classmethod
     def declare(cls, name: str, prepare: Callable[[Problem], Callable[[], torch.Tensor]],
                 entry: Callable[[Case], str], **kw) -> Backend:
-        """The backend `name` with its identity (library, device, imports) from the one registry."""
-        i = registry.info(name)
+        """The backend `name` with its identity (library, device, imports) from the one loader."""
+        i = B.info(name)
         return cls(name, i.library, i.device, i.imports, prepare, entry, **kw)
 
     def availability(self) -> str | None:
@@ -62,12 +63,12 @@ class Backend:
 
 
 def known_backends() -> list[str]:
-    """Every registered backend (kernels/registry.py), test plugins included when they are loaded."""
-    return registry.names()
+    """Every registered backend (matrix/backends.py), test plugins included when they are loaded."""
+    return B.names()
 
 
 def load_backend(name: str) -> Backend:
     try:
         return registry.load(name)
-    except registry.RegistryError as e:
+    except B.RegistryError as e:
         raise KeyError(str(e)) from None

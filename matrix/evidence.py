@@ -11,8 +11,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnmatrix.vocabulary import ARCH_FAMILY_RE, ARCHS, DTYPES, MAX_HEAD_DIM, OPS, arch_family, feature_name
+from attnmatrix.vocabulary import ARCHS, DTYPES, MAX_HEAD_DIM, OPS, feature_name
 
+from . import backends as B
 from .cases import BACKEND_FEATURE_SETS, FEATURE_SETS, HEAD_DIMS, MLA_TRIPLES, CaseError, normalize_arch
 from .records import Record, RecordError, parse_record
 from .storage import InputError, Problem, iter_result_files, read_records
@@ -20,7 +21,7 @@ from .storage import InputError, Problem, iter_result_files, read_records
 DATA_DIR = Path(__file__).parent / "data"
 RESULTS_DIR = DATA_DIR / "results"
 DECLARED_FILE = DATA_DIR / "declared.json"
-BACKENDS_FILE = DATA_DIR / "backends.json"
+BACKENDS_FILE = B.BACKENDS_FILE
 
 
 @dataclass(frozen=True)
@@ -62,82 +63,23 @@ class Evidence:
         self.backends = self.backends or other.backends
 
 
-# --- backend metadata: default_rank -----------------------------------------------------------------
-#
-# `default_rank` orders supported backends where nothing is measured and no declared ranking applies (lower
-# first). It is either an int (the same on every arch) or an object mapping keys to ints, where a key is
-# "*" (every arch no other key names; required) or a capability-major family "sm_<major>x" ("sm_8x" covers
-# sm_80, sm_86, sm_89; "sm_10x" covers sm_100, sm_103; "sm_12x" covers sm_120, sm_121). The family key wins
-# over "*". Families, not single archs, because vLLM's defaults (get_flash_attn_version) are decided by the
-# capability major. A backend without `default_rank` ranks DEFAULT_RANK_MISSING, after every listed one.
-
-DEFAULT_RANK_FIELD = "default_rank"
-DEFAULT_RANK_MISSING = 50
-DEFAULT_RANK_ANY = "*"
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def default_rank_problem(value: object) -> str | None:
-    """What is wrong with a `default_rank` value, or None when it is well formed."""
-    if _is_int(value):
-        return None
-    if not isinstance(value, dict):
-        return (f"{value!r} is neither an int nor an object mapping \"*\" and capability-major families "
-                "(\"sm_9x\", \"sm_10x\") to ints")
-    for k, v in value.items():
-        if k != DEFAULT_RANK_ANY and not (isinstance(k, str) and ARCH_FAMILY_RE.fullmatch(k)):
-            return (f"unknown key {k!r} (a key is \"*\" or a capability-major family \"sm_<major>x\", "
-                    "e.g. \"sm_8x\", \"sm_9x\", \"sm_10x\", \"sm_12x\")")
-        if not _is_int(v):
-            return f"the rank for {k!r} is {v!r}, not an int"
-    if DEFAULT_RANK_ANY not in value:
-        return "missing the \"*\" key (the rank on every arch no other key names)"
-    return None
-
-
-def default_rank(backends: dict[str, dict], backend: str, arch: str | None) -> int:
-    """The documented default rank of `backend` on `arch` (lower first); `arch` None means "*" (no arch).
-
-    The one reader of `default_rank`: the query engine's per-arch table (generator.capabilities, which the
-    selector ships) and the generator's tables go through it. A malformed value raises ValueError naming the
-    backend and the field (load_backends reports the same message, with the file, before anything is read).
-    """
-    value = backends.get(backend, {}).get(DEFAULT_RANK_FIELD, DEFAULT_RANK_MISSING)
-    problem = default_rank_problem(value)
-    if problem is not None:
-        raise ValueError(f"backend {backend!r}: {DEFAULT_RANK_FIELD}: {problem}")
-    if not isinstance(value, dict):
-        return value
-    family = arch_family(arch)
-    return value[family] if family in value else value[DEFAULT_RANK_ANY]
+# --- backend metadata: the one loader is matrix/backends.py ------------------------------------------------
 
 
 def load_backends(path: Path | None = None) -> dict[str, dict]:
     """Backend metadata (`backends` of backends.json). Every malformed entry is reported, with file and field.
 
-    Without `path`: the package's backends.json and the backends registered at run time (kernels/registry.py
+    Without `path`: the package's backends.json and the backends registered at run time (matrix/backends.py
     plugins, e.g. the test suite's fakes)."""
     if path is None:
-        from attnmatrix.kernels import registry
-
-        return {**load_backends(BACKENDS_FILE), **registry.plugin_metadata()}
+        return {**load_backends(BACKENDS_FILE), **B.plugin_metadata()}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        backends = dict(data["backends"])
+        entries, problems = B.read(path)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InputError([Problem(str(path), None, "backends", f"cannot load backend metadata: {e}")]) from e
-    problems = []
-    for name, meta in backends.items():
-        if not isinstance(meta, dict):
-            problems.append(Problem(str(path), None, f"backends.{name}", f"expected an object, got {meta!r}"))
-        elif (problem := default_rank_problem(meta.get(DEFAULT_RANK_FIELD, DEFAULT_RANK_MISSING))) is not None:
-            problems.append(Problem(str(path), None, f"backends.{name}.{DEFAULT_RANK_FIELD}", problem))
     if problems:
-        raise InputError(problems)
-    return backends
+        raise InputError([Problem(str(path), None, field, msg) for field, msg in problems])
+    return entries
 
 
 # --- declared facts: one fact, one scope ----------------------------------------------------------------
@@ -350,11 +292,9 @@ def load_evidence(
     data = Path(data_dir) if data_dir is not None else None
     if data is not None and declared == DECLARED_FILE:
         declared = data / "declared.json"
-    from attnmatrix.kernels import registry
-
     backends = load_backends(data / "backends.json" if data is not None else BACKENDS_FILE)
-    # Backends registered at run time (the test suite's fakes, kernels/registry.py) are known like declared ones.
-    ev = Evidence(backends={**backends, **registry.plugin_metadata()})
+    # Backends registered at run time (the test suite's fakes, matrix/backends.py) are known like declared ones.
+    ev = Evidence(backends={**backends, **B.plugin_metadata()})
     embedded = data / "results" if data is not None else RESULTS_DIR
     paths: list[str | Path] = ([embedded] if include_embedded else []) + list(result_paths or [])
     for f in iter_result_files(paths):

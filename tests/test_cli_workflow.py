@@ -77,8 +77,7 @@ def test_probe_refuses_a_named_backend_that_is_not_installed(tmp_path: Path, mon
             in r.stderr
         assert list(tmp_path.iterdir()) == []
     finally:
-        registry._plugins.pop("fake_absent")
-        registry._plugin_objects.pop("fake_absent")
+        registry.unregister("fake_absent")
 
 
 # --- no foreign file is truncated -------------------------------------------------------------------------------

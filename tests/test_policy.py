@@ -9,14 +9,8 @@ from pathlib import Path
 
 import pytest
 from attnmatrix.generator import tables as T
-from attnmatrix.matrix.evidence import (
-    DEFAULT_RANK_MISSING,
-    Evidence,
-    Ranking,
-    arch_family,
-    default_rank,
-    load_backends,
-)
+from attnmatrix.matrix.backends import DEFAULT_RANK_MISSING, default_rank
+from attnmatrix.matrix.evidence import Evidence, Ranking, load_backends
 from attnmatrix.matrix.policy import (
     SUPPORTED,
     UNKNOWN,
@@ -28,6 +22,7 @@ from attnmatrix.matrix.policy import (
 from attnmatrix.matrix.storage import InputError
 
 from attnmatrix.selector_engine import features_of
+from attnmatrix.vocabulary import arch_family
 
 # Queries over a resolved matrix are the query engine's (attnmatrix.selector_engine), reached here the way the
 # CLI and the pages reach it: generator.tables over the matrix's capability data.

@@ -9,8 +9,9 @@ import math
 import pytest
 from attnmatrix.generator import render_selector
 from attnmatrix.generator import tables as T
+from attnmatrix.matrix.backends import default_rank
 from attnmatrix.matrix.cases import feature_name, page_size
-from attnmatrix.matrix.evidence import Evidence, default_rank, load_backends, load_evidence
+from attnmatrix.matrix.evidence import Evidence, load_backends, load_evidence
 from attnmatrix.matrix.policy import SUPPORTED, UNSUPPORTED, resolve
 from attnmatrix.matrix.records import parse_record
 from conftest import vendored_selector

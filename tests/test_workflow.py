@@ -14,6 +14,7 @@ import pytest
 from attnmatrix.kernels import registry
 from attnmatrix.kernels.base import Backend, load_backend
 from attnmatrix.kernels.runner import RunSummary
+from attnmatrix.matrix import backends as B
 from attnmatrix.matrix.cases import (
     MAX_HEAD_DIM,
     MAX_PAGE_SIZE,
@@ -28,6 +29,7 @@ from attnmatrix.matrix.evidence import Evidence, load_backends
 from attnmatrix.matrix.merge import merge_records
 from attnmatrix.matrix.policy import resolve
 from attnmatrix.matrix.records import parse_record
+from attnmatrix.matrix.storage import InputError
 
 from attnmatrix import project, workflow
 
@@ -35,7 +37,7 @@ from attnmatrix import project, workflow
 
 
 def test_every_product_backend_is_declared_once_and_its_module_agrees() -> None:
-    data = json.loads(registry.REGISTRY_FILE.read_text())["backends"]
+    data = json.loads(B.BACKENDS_FILE.read_text())["backends"]
     assert not [n for n in data if n.startswith("fake_")], "test fakes are registered by the tests, not the product"
     for name, meta in data.items():
         b = load_backend(name)
@@ -56,16 +58,16 @@ def test_backend_modules_take_their_identity_from_the_registry() -> None:
 
 @pytest.mark.slow
 def test_fakes_are_known_only_where_the_plugin_is_loaded() -> None:
-    env = {k: v for k, v in os.environ.items() if k != registry.PLUGINS_ENV}
-    code = "from attnmatrix.kernels import registry; print(','.join(registry.names()))"
+    env = {k: v for k, v in os.environ.items() if k != B.PLUGINS_ENV}
+    code = "from attnmatrix.matrix import backends; print(','.join(backends.names()))"
     bare = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "fake_" not in bare.stdout and "sdpa_cpu" in bare.stdout
-    with_plugin = subprocess.run([sys.executable, "-c", code], env={**env, registry.PLUGINS_ENV:
+    with_plugin = subprocess.run([sys.executable, "-c", code], env={**env, B.PLUGINS_ENV:
                                                                      "attnmatrix.kernels.fakes"},
                                  capture_output=True, text=True, check=True)
     assert "fake_nan" in with_plugin.stdout
-    assert "fake_nan" in registry.names()  # this test process: conftest names the plugin
-    assert "fake_nan" not in load_backends(registry.REGISTRY_FILE)  # the product's file never lists them
+    assert "fake_nan" in B.names()  # this test process: conftest names the plugin
+    assert "fake_nan" not in load_backends(B.BACKENDS_FILE)  # the product's file never lists them
 
 
 def test_a_plugin_cannot_redeclare_a_product_backend() -> None:
@@ -75,10 +77,20 @@ def test_a_plugin_cannot_redeclare_a_product_backend() -> None:
 
 
 def test_malformed_registry_entry_names_backend_and_field() -> None:
-    with pytest.raises(registry.RegistryError, match=r"backends.x.device: 'tpu'"):
-        registry._info("x", {"label": "x", "library": "x", "device": "tpu", "imports": [], "module": "a:b"}, "f")
-    with pytest.raises(registry.RegistryError, match=r"backends.x: missing imports, module"):
-        registry._info("x", {"label": "x", "library": "x", "device": "cpu"}, "f")
+    with pytest.raises(B.RegistryError, match=r"backends.x.device: 'tpu'"):
+        B.register("x", {"label": "x", "library": "x", "device": "tpu", "imports": [], "module": "a:b"})
+    with pytest.raises(B.RegistryError, match=r"backends.x: missing imports, module"):
+        B.register("x", {"label": "x", "library": "x", "device": "cpu"})
+    assert "x" not in B.names()
+
+
+def test_the_one_loader_reports_every_malformed_identity_with_file_and_field(tmp_path) -> None:
+    path = tmp_path / "backends.json"
+    path.write_text(json.dumps({"backends": {"a": {"label": "a", "library": "a", "device": "tpu", "imports": "x",
+                                                   "module": "m:A", "default_rank": "1"}}}))
+    with pytest.raises(InputError) as e:
+        load_backends(path)
+    assert [p.field for p in e.value.problems] == ["backends.a.default_rank", "backends.a.device", "backends.a.imports"]
 
 
 # --- which backends a sweep probes ---------------------------------------------------------------------------
@@ -94,8 +106,7 @@ def missing_backend():
                  lambda c: "none")
     registry.register(b, label="test fake: not installed")
     yield b
-    registry._plugins.pop("fake_missing", None)
-    registry._plugin_objects.pop("fake_missing", None)
+    registry.unregister("fake_missing")
 
 
 def test_plan_splits_not_installed_and_wrong_device(missing_backend) -> None:

@@ -231,7 +231,7 @@ def build_space(arch: str, backends: list[str], head_dims, features_spec, ops, d
 
 def parse_backends(spec: str | None) -> list[str] | None:
     """The backends named by --backends (None when not given); unknown names are a usage error."""
-    from attnmatrix.kernels import registry
+    from attnmatrix.matrix import backends as registry
 
     if not spec:
         return None

@@ -29,7 +29,6 @@ from attnmatrix.matrix.storage import (
     write_records,
 )
 
-from . import main
 from .common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -46,6 +45,7 @@ from .common import (
     render,
     report,
 )
+from .group import main
 
 
 @main.command()

@@ -15,7 +15,6 @@ from attnmatrix.matrix.cases import DTYPES, CaseError, normalize_arch
 from attnmatrix.matrix.evidence import Evidence, load_evidence
 from attnmatrix.matrix.storage import InputError, ResultStore, check_result_file
 
-from . import main
 from .common import (
     DEFAULT_RESULTS,
     EXIT_FAILED,
@@ -33,6 +32,7 @@ from .common import (
     report,
     space_options,
 )
+from .group import main
 
 
 def _local_device(requested: str = "auto") -> str:

@@ -15,7 +15,6 @@ from attnmatrix.matrix.cases import CaseError, normalize_arch
 from attnmatrix.matrix.policy import ResolvedMatrix, describe, resolve
 from attnmatrix.vocabulary import DTYPES, FEATURE_INFO, FLAG, OPS, STATUSES, SUPPORTED, TIERS, arch_sort_key
 
-from . import main
 from .common import (
     UsageError,
     count_callback,
@@ -25,6 +24,7 @@ from .common import (
     page_size_callback,
     refuse_conflicts,
 )
+from .group import main
 
 # --- reading the matrix ------------------------------------------------------------------------
 

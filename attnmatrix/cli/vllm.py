@@ -10,8 +10,8 @@ from attnmatrix.engines.vllm import answers as A
 from attnmatrix.engines.vllm import oracle as O
 from attnmatrix.engines.vllm import release as R
 
-from . import main
 from .common import EXIT_USAGE, locate
+from .group import main
 
 
 @main.command("vllm-answers")
