@@ -120,6 +120,21 @@ def matrix_id(ev: Evidence, data_dir: Path | None = None) -> str:
     return h.hexdigest()[:12]
 
 
+def source_files(data_dir: Path) -> list[Path]:
+    """The files a checkout's matrix is read from: its result files, declared facts and backend metadata."""
+    from attnmatrix.matrix.storage import iter_result_files
+
+    extra = [p for p in (data_dir / "declared.json", data_dir / "backends.json") if p.exists()]
+    return [*iter_result_files([data_dir / "results"]), *extra] if (data_dir / "results").exists() else extra
+
+
+def source_digest(files: list[str | Path]) -> str:
+    """A hash of the bytes of the files a matrix was read from, independent of their names, order and repeats:
+    cheap to compute (no parsing), so a reader can tell whether generated data still matches the files."""
+    parts = sorted({hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files})
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
 def kernel_versions(ev: Evidence) -> dict[str, list[str]]:
     """The kernel versions the matrix has evidence about, per backend. A record of a backend that could not
     be imported (`unavailable`) is not evidence about any version, so its version is not listed."""

@@ -249,7 +249,8 @@ def header(m: ResolvedMatrix, meta: dict) -> dict:
     kv = meta.get("kernel_versions") or {}
     versions = [(str(b), [str(v) for v in sorted(kv[b], key=lambda v: (policy.version_key(str(v)), str(v)))])
                 for b in sorted(kv)]
-    return {"matrix_id": str(meta["matrix_id"]), "kernel_versions": versions,
+    return {"matrix_id": str(meta["matrix_id"]), "source_digest": meta.get("source_digest"),
+            "kernel_versions": versions,
             "files": sorted(str(f) for f in meta.get("files") or [])}
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 
+from attnmatrix.vocabulary import arch_family
+
 from .cases import feature_name
-from .evidence import Evidence, arch_family
+from .evidence import Evidence
 from .machine_paths import machine_paths
 from .records import POSITIVE_OUTCOMES
 from .storage import Problem

@@ -7,7 +7,6 @@ explain). Exit codes: see common.py.
 
 from __future__ import annotations
 
-from . import evidence, probing, query, vllm  # noqa: F401 - the commands register themselves on `main`
-from .group import main
+from .group import main  # the commands register themselves on it when their module is imported (group.py)
 
 __all__ = ["main"]

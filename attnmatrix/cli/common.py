@@ -112,7 +112,8 @@ def render(ev: Evidence, proj: project_mod.Project) -> dict[str, str]:
 
     m = resolve(ev)
     meta = {"matrix_id": project_mod.matrix_id(ev, proj.data_dir), "kernel_versions": project_mod.kernel_versions(ev),
-            "files": project_mod.relative_files(ev, proj)}
+            "files": project_mod.relative_files(ev, proj),
+            "source_digest": project_mod.source_digest([*ev.files, *project_mod.source_files(proj.data_dir)])}
     from attnmatrix.engines.vllm.module import profile_file
     from attnmatrix.engines.vllm.names import answers_file
 

@@ -1,21 +1,52 @@
-"""The `attnmatrix` click group. Command modules register on it (`@main.command()`); the package imports them.
+"""The `attnmatrix` click group. Command modules register on it (`@main.command()`).
 
 It lives apart from the package's `__init__` so that a command module imports the group, never the package
-that imports it back.
+that imports it back. A command's module is imported when the command runs (`COMMANDS`), so a quick command
+(`explain`) does not pay for the imports of the others; `--help` imports them all.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
-from .common import EXIT_INTERRUPTED
+# command -> the module of attnmatrix.cli that defines it. A command missing here still runs (every module is
+# imported to find it); tests/test_cli.py checks that the table is complete.
+COMMANDS = {
+    "probe": "probing", "xcompile": "probing", "run": "probing",
+    "validate": "evidence", "merge": "evidence", "generate": "evidence", "check": "evidence",
+    "snapshot": "evidence", "diff": "evidence", "ingest-cubins": "evidence",
+    "show": "query", "explain": "query",
+    "vllm-answers": "vllm",
+}
+MODULES = tuple(dict.fromkeys(COMMANDS.values()))
+
+
+def load_all_commands() -> None:
+    for mod in MODULES:
+        importlib.import_module(f"{__package__}.{mod}")
 
 
 class _Main(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        load_all_commands()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            if cmd_name in COMMANDS:
+                importlib.import_module(f"{__package__}.{COMMANDS[cmd_name]}")
+            else:
+                load_all_commands()
+        return super().get_command(ctx, cmd_name)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
+            from .common import EXIT_INTERRUPTED
+
             # Not "a check failed" (1): a sweep interrupted here resumes where it stopped when run again.
             click.echo("\ninterrupted; a probe resumes where it stopped when run again", err=True)
             ctx.exit(EXIT_INTERRUPTED)

@@ -13,7 +13,17 @@ from tabulate import tabulate
 
 from attnmatrix.matrix.cases import CaseError, normalize_arch
 from attnmatrix.matrix.policy import ResolvedMatrix, describe, resolve
-from attnmatrix.vocabulary import DTYPES, FEATURE_INFO, FLAG, OPS, STATUSES, SUPPORTED, TIERS, arch_sort_key
+from attnmatrix.vocabulary import (
+    DTYPES,
+    FEATURE_INFO,
+    FLAG,
+    OPS,
+    STATUSES,
+    SUPPORTED,
+    TIERS,
+    arch_sort_key,
+    features_of,
+)
 
 from .common import (
     UsageError,
@@ -128,7 +138,9 @@ def show(arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier,
               "attention layer types instead of one query (no --head-size or feature options).")
 @click.option("--tp", type=int, default=None, help="With --model: the tensor-parallel split (heads per GPU); "
               "default the preset's typical one.")
-def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json, verbose, model, tp,
+@click.option("--full", is_flag=True, help="Read and resolve the whole matrix: every cell's raw reasons, sources "
+              "and conflicts (otherwise answered from the generated selector's data while it is current).")
+def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json, verbose, model, tp, full,
             **features) -> None:
     """For one query: the backends in order, and for every other backend every reason and its evidence.
 
@@ -158,14 +170,27 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
         return
     if head_size is None:
         raise UsageError("give --head-size (or --model)")
-    from attnmatrix.generator import tables as T
-
     try:
-        q = T.make_query(arch, head_size, head_size_v, op=op, dtype=dtype, **features)
+        feats = features_of(**features)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    hdv, feats = q.head_dim_v, q.features
-    m = resolve(load_for_reading(locate(say=not as_json), extra))
+    hdv = head_size if head_size_v is None else head_size_v
+    proj = locate(say=False)
+    if not full and not extra:
+        from .fast_explain import current_selector, explain_from_selector
+
+        sel, why = current_selector(proj)
+        if sel is not None and explain_from_selector(sel, arch, op, dtype, head_size, hdv, feats, as_json,
+                                                       verbose):
+            return
+        if why:
+            click.echo(f"{why}: answering from the matrix", err=True)
+    from attnmatrix.generator import tables as T
+
+    if not as_json:
+        click.echo(proj.describe(), err=True)
+    q = T.Query(arch, op, dtype, head_size, hdv, feats)
+    m = resolve(load_for_reading(proj, extra))
     ordered, answers = T.query(m, q)
     ranking = T.applicable_ranking(m, q)
     query = {"arch": arch, "op": op, "dtype": dtype, "head_size": head_size, "head_size_v": hdv,
