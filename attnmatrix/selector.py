@@ -42,17 +42,16 @@
 #   matrix/data/results/sm_90-vllm-0.26.0-h200-20261202.jsonl
 #   matrix/data/results/sm_90-vllm-0.33.0-h200-20261201.jsonl
 #   matrix/data/results/sm_90-vllm-0.33.0-h200-20261202.jsonl
-# ruff: noqa: E501
 """Attention backend selector, generated from the attnmatrix compatibility matrix.
 
-Standard library only. DATA below is the matrix's capability data: per (arch, backend), rules of the form
-(ops, dtypes, head sizes, feature sets, verdict), the verdict being `outcome tier evidence-id[: short
-reason]` (the evidence id names the declared fact or the probe run; `attnmatrix explain` and `attnmatrix
-show` give the full reasons and sources), and per arch the measured latency ranking of each probed query
-class. The query engine that answers from it is `attnmatrix.selector_engine`, the names both speak are
-`attnmatrix.vocabulary` (copy the three files to vendor the selector); the engine's docstring states the policy: how a feature combination is composed from probed cells,
-and how supported backends are ordered (measured latency, like for like; then declared rankings; then
-default rank).
+Standard library only. DATA below is the matrix's capability data: per backend, rules of the form (archs, ops,
+dtypes, head sizes, feature sets, verdict), each a tuple, the verdict (outcome, tier, evidence id[, short
+reason]) (the evidence id names the declared fact or the probe run; `attnmatrix explain --full` and `attnmatrix
+show` give the full reasons and sources), and per arch the measured latency ranking of each probed query class.
+The query engine that answers from it is `attnmatrix.selector_engine`, the names both speak are
+`attnmatrix.vocabulary` (copy the three files to vendor the selector); the engine's docstring states the policy:
+how a feature combination is composed from probed cells, and how supported backends are ordered (measured
+latency, like for like; then declared rankings; then default rank).
 
 - select_backends(capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16", causal=True,
   sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False, varlen=False, page_size=None,
@@ -112,1454 +111,8276 @@ DATA = {
     'archs': ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'),
     'default_rank_missing': 50,
     'fa_version': {'vllm_fa2': 2, 'vllm_fa3': 3, 'vllm_fa4': 4},
-    'mla_name': {'flashinfer_cutlass': 'FLASHINFER', 'trtllm_ragged': 'TRTLLM_RAGGED', 'vllm_fa2': 'FLASH_ATTN', 'vllm_fa3': 'FLASH_ATTN', 'vllm_fa4': 'FLASH_ATTN'},
+    'mla_name': {
+        'flashinfer_cutlass': 'FLASHINFER', 'trtllm_ragged': 'TRTLLM_RAGGED', 'vllm_fa2': 'FLASH_ATTN',
+        'vllm_fa3': 'FLASH_ATTN', 'vllm_fa4': 'FLASH_ATTN',
+    },
     'fa_common_head_sizes': ((64, 64), (128, 128)),
     # Per arch, the backends a query considers (every backend with evidence there).
     'backends': {
-        'sm_80': ('fa2', 'fa4', 'flashinfer_cutlass', 'sdpa_efficient', 'sdpa_flash', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2', 'vllm_fa3'),
-        'sm_86': ('fa2', 'fa4', 'flashinfer_cutlass', 'sdpa_efficient', 'sdpa_flash', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2', 'vllm_fa3'),
-        'sm_89': ('fa2', 'fa4', 'flashinfer_cutlass', 'sdpa_efficient', 'sdpa_flash', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2', 'vllm_fa3'),
-        'sm_90': ('fa2', 'fa3', 'fa4', 'flashinfer', 'flashinfer_cutlass', 'sdpa_cudnn', 'sdpa_efficient', 'sdpa_flash', 'sdpa_math', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2', 'vllm_fa3', 'vllm_fa4'),
-        'sm_100': ('fa2', 'fa3', 'fa4', 'flashinfer', 'flashinfer_cutlass', 'sdpa_cudnn', 'sdpa_efficient', 'sdpa_flash', 'sdpa_math', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2', 'vllm_fa3', 'vllm_fa4'),
-        'sm_103': ('fa2', 'fa3', 'fa4', 'flashinfer', 'flashinfer_cutlass', 'sdpa_cudnn', 'sdpa_efficient', 'sdpa_flash', 'sdpa_math', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2', 'vllm_fa3', 'vllm_fa4'),
-        'sm_110': ('fa2', 'fa4', 'flashinfer_cutlass', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2', 'vllm_fa3', 'vllm_fa4'),
-        'sm_120': ('fa2', 'fa4', 'flashinfer_cutlass', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2', 'vllm_fa3'),
+        'sm_80': (
+            'fa2', 'fa4', 'flashinfer_cutlass', 'sdpa_efficient', 'sdpa_flash', 'trtllm_context', 'trtllm_decode',
+            'trtllm_ragged', 'vllm_fa2', 'vllm_fa3',
+        ),
+        'sm_86': (
+            'fa2', 'fa4', 'flashinfer_cutlass', 'sdpa_efficient', 'sdpa_flash', 'trtllm_context', 'trtllm_decode',
+            'trtllm_ragged', 'vllm_fa2', 'vllm_fa3',
+        ),
+        'sm_89': (
+            'fa2', 'fa4', 'flashinfer_cutlass', 'sdpa_efficient', 'sdpa_flash', 'trtllm_context', 'trtllm_decode',
+            'trtllm_ragged', 'vllm_fa2', 'vllm_fa3',
+        ),
+        'sm_90': (
+            'fa2', 'fa3', 'fa4', 'flashinfer', 'flashinfer_cutlass', 'sdpa_cudnn', 'sdpa_efficient', 'sdpa_flash',
+            'sdpa_math', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2', 'vllm_fa3', 'vllm_fa4',
+        ),
+        'sm_100': (
+            'fa2', 'fa3', 'fa4', 'flashinfer', 'flashinfer_cutlass', 'sdpa_cudnn', 'sdpa_efficient', 'sdpa_flash',
+            'sdpa_math', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2', 'vllm_fa3', 'vllm_fa4',
+        ),
+        'sm_103': (
+            'fa2', 'fa3', 'fa4', 'flashinfer', 'flashinfer_cutlass', 'sdpa_cudnn', 'sdpa_efficient', 'sdpa_flash',
+            'sdpa_math', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2', 'vllm_fa3', 'vllm_fa4',
+        ),
+        'sm_110': (
+            'fa2', 'fa4', 'flashinfer_cutlass', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2',
+            'vllm_fa3', 'vllm_fa4',
+        ),
+        'sm_120': (
+            'fa2', 'fa4', 'flashinfer_cutlass', 'trtllm_context', 'trtllm_decode', 'trtllm_ragged', 'vllm_fa2',
+            'vllm_fa3',
+        ),
     },
     # Documented default ranks (lower first), used only where nothing is measured or declared
     # (matrix/data/backends.json; they may differ by capability major, as vLLM's defaults do).
     'default_rank': {
-        'sm_80': {'fa2': 13, 'fa4': 14, 'flashinfer_cutlass': 24, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20, 'vllm_fa2': 10, 'vllm_fa3': 12},
-        'sm_86': {'fa2': 13, 'fa4': 14, 'flashinfer_cutlass': 24, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20, 'vllm_fa2': 10, 'vllm_fa3': 12},
-        'sm_89': {'fa2': 13, 'fa4': 14, 'flashinfer_cutlass': 24, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20, 'vllm_fa2': 10, 'vllm_fa3': 12},
-        'sm_90': {'fa2': 15, 'fa3': 13, 'fa4': 14, 'flashinfer': 23, 'flashinfer_cutlass': 24, 'sdpa_cudnn': 30, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20, 'vllm_fa2': 12, 'vllm_fa3': 10, 'vllm_fa4': 11},
-        'sm_100': {'fa2': 14, 'fa3': 15, 'fa4': 13, 'flashinfer': 23, 'flashinfer_cutlass': 24, 'sdpa_cudnn': 30, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20, 'vllm_fa2': 11, 'vllm_fa3': 12, 'vllm_fa4': 10},
-        'sm_103': {'fa2': 14, 'fa3': 15, 'fa4': 13, 'flashinfer': 23, 'flashinfer_cutlass': 24, 'sdpa_cudnn': 30, 'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20, 'vllm_fa2': 11, 'vllm_fa3': 12, 'vllm_fa4': 10},
-        'sm_110': {'fa2': 13, 'fa4': 14, 'flashinfer_cutlass': 24, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20, 'vllm_fa2': 10, 'vllm_fa3': 12, 'vllm_fa4': 11},
-        'sm_120': {'fa2': 13, 'fa4': 14, 'flashinfer_cutlass': 24, 'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20, 'vllm_fa2': 10, 'vllm_fa3': 12},
+        'sm_80': {
+            'fa2': 13, 'fa4': 14, 'flashinfer_cutlass': 24, 'sdpa_efficient': 32, 'sdpa_flash': 31,
+            'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20, 'vllm_fa2': 10, 'vllm_fa3': 12,
+        },
+        'sm_86': {
+            'fa2': 13, 'fa4': 14, 'flashinfer_cutlass': 24, 'sdpa_efficient': 32, 'sdpa_flash': 31,
+            'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20, 'vllm_fa2': 10, 'vllm_fa3': 12,
+        },
+        'sm_89': {
+            'fa2': 13, 'fa4': 14, 'flashinfer_cutlass': 24, 'sdpa_efficient': 32, 'sdpa_flash': 31,
+            'trtllm_context': 21, 'trtllm_decode': 22, 'trtllm_ragged': 20, 'vllm_fa2': 10, 'vllm_fa3': 12,
+        },
+        'sm_90': {
+            'fa2': 15, 'fa3': 13, 'fa4': 14, 'flashinfer': 23, 'flashinfer_cutlass': 24, 'sdpa_cudnn': 30,
+            'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22,
+            'trtllm_ragged': 20, 'vllm_fa2': 12, 'vllm_fa3': 10, 'vllm_fa4': 11,
+        },
+        'sm_100': {
+            'fa2': 14, 'fa3': 15, 'fa4': 13, 'flashinfer': 23, 'flashinfer_cutlass': 24, 'sdpa_cudnn': 30,
+            'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22,
+            'trtllm_ragged': 20, 'vllm_fa2': 11, 'vllm_fa3': 12, 'vllm_fa4': 10,
+        },
+        'sm_103': {
+            'fa2': 14, 'fa3': 15, 'fa4': 13, 'flashinfer': 23, 'flashinfer_cutlass': 24, 'sdpa_cudnn': 30,
+            'sdpa_efficient': 32, 'sdpa_flash': 31, 'sdpa_math': 39, 'trtllm_context': 21, 'trtllm_decode': 22,
+            'trtllm_ragged': 20, 'vllm_fa2': 11, 'vllm_fa3': 12, 'vllm_fa4': 10,
+        },
+        'sm_110': {
+            'fa2': 13, 'fa4': 14, 'flashinfer_cutlass': 24, 'trtllm_context': 21, 'trtllm_decode': 22,
+            'trtllm_ragged': 20, 'vllm_fa2': 10, 'vllm_fa3': 12, 'vllm_fa4': 11,
+        },
+        'sm_120': {
+            'fa2': 13, 'fa4': 14, 'flashinfer_cutlass': 24, 'trtllm_context': 21, 'trtllm_decode': 22,
+            'trtllm_ragged': 20, 'vllm_fa2': 10, 'vllm_fa3': 12,
+        },
     },
     # Declared rankings (upstream performance claims), the first that applies is used where unmeasured:
     # (id, archs, op, dtype or None for any, (head_dim, head_dim_v) pairs, backends fastest first, sources)
     'declared_rankings': (
-        ('vllm-42669-glm-mla-prefill', ('sm_100', 'sm_103'), 'mla_prefill', 'bfloat16', ((256, 256),), ('trtllm_ragged', 'vllm_fa4'), ('vllm-project/vllm PR #42669 (merge commit bf2b45b5d6, 2026-07-27)',)),
-        ('vllm-34732-dsr1-mla-prefill', ('sm_100', 'sm_103'), 'mla_prefill', 'bfloat16', ((192, 128),), ('vllm_fa4', 'trtllm_ragged'), ('vllm-project/vllm PR #34732',)),
+        (
+            'vllm-42669-glm-mla-prefill', ('sm_100', 'sm_103'), 'mla_prefill', 'bfloat16', ((256, 256),),
+            ('trtllm_ragged', 'vllm_fa4'), ('vllm-project/vllm PR #42669 (merge commit bf2b45b5d6, 2026-07-27)',),
+        ),
+        (
+            'vllm-34732-dsr1-mla-prefill', ('sm_100', 'sm_103'), 'mla_prefill', 'bfloat16', ((192, 128),),
+            ('vllm_fa4', 'trtllm_ragged'), ('vllm-project/vllm PR #34732',),
+        ),
     ),
-    # (arch, backend) -> (ops, dtypes, head sizes, feature sets, "outcome tier evidence-id[: short reason]")
-    'cells': {
-        # FlashAttention 2 on sm_80
-        ('sm_80', 'fa2'): (
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256 causal+softcap causal+varlen', 'pass declared fa2-ampere-ada-hopper'),
-            ('prefill decode mla_prefill', 'bfloat16 float16', '192x128', 'none causal', 'rejected declared fa2-diff-headdim-v: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)'),
-            ('prefill decode', 'bfloat16 float16', '128', 'causal+fp8', 'rejected declared fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'rejected declared fa2-paged-block-not-256: Paged KV cache block size must be divisible by 256'),
-        ),
-        # FlashAttention 4 on sm_80
-        ('sm_80', 'fa4'): (
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal causal+gqa causal+softcap causal+varlen', 'compiled compiled xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window causal+gqa causal+softcap causal+varlen', 'compiled compiled xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal+fp8', 'rejected compiled xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 160 192 224 256 512 192x128', 'causal+fp8', 'rejected compiled xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal+sinks', 'rejected compiled xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: Learnable sink is not supported in this kernel'),
-            ('prefill decode', 'bfloat16', '32 80 96 160 192 224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected compiled xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: paged KV not supported on SM 8.0'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'alibi+causal', 'rejected compiled xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('prefill decode', 'bfloat16 float16', '128', 'causal+fp8', 'rejected declared fa4-fp8-sm100-only: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '64 128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected declared fa4-sm80-no-paged: paged KV not supported on SM 8.0'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared fa4-sm8x-sm120-no-sinks: Learnable sink is not supported in this kernel'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared fa4-sm8x-sm120-no-sinks: Learnable sink is not supported in this kernel'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared fa4-sm8x-sm120-no-sinks: Learnable sink is not supported in this kernel'),
-        ),
-        # FlashInfer (cutlass kernels) on sm_80
-        ('sm_80', 'flashinfer_cutlass'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64', "rejected declared flashinfer-cutlass-not-hopper: vLLM's FLASHINFER MLA prefill supports compute capability major 10 only"),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0 causal+qk_rope:64', "rejected declared flashinfer-cutlass-not-hopper: vLLM's FLASHINFER MLA prefill supports compute capability major 10 only"),
-        ),
-        # PyTorch SDPA mem-efficient on sm_80
-        ('sm_80', 'sdpa_efficient'): (
-            ('prefill mla_prefill', 'bfloat16 float16', '192x128', 'none causal', 'pass declared sdpa-efficient-diff-headdim'),
-        ),
-        # PyTorch SDPA flash on sm_80
-        ('sm_80', 'sdpa_flash'): (
-            ('prefill', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal', 'pass declared sdpa-flash-headdims'),
-            ('prefill', 'bfloat16 float16', '512 192x128', 'none causal', 'rejected declared sdpa-flash-headdim-limits: Flash attention requires q,k,v to have the same last dimension and to be less than or equal to 256.'),
-        ),
-        # TRT-LLM context (FlashInfer) on sm_80
-        ('sm_80', 'trtllm_context'): (
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-context-not-hopper-consumer-mla-totals: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-        ),
-        # TRT-LLM decode / XQA (FlashInfer) on sm_80
-        ('sm_80', 'trtllm_decode'): (
-            ('decode', 'bfloat16 float16', '128', 'causal+paged_kv:16 causal+paged_kv:64', 'rejected declared trtllm-decode-xqa-unsupported-arch: XQA is only supported on SM90, SM100, SM120/SM121 GPUs'),
-        ),
-        # TRT-LLM ragged (FlashInfer) on sm_80
-        ('sm_80', 'trtllm_ragged'): (
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-not-hopper-consumer-mla-totals: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected declared trtllm-ragged-no-page-table: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek takes no block table: K/V are packed r...'),
-        ),
-        # vLLM's FlashAttention 2 build on sm_80
-        ('sm_80', 'vllm_fa2'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass declared vllm-fa2-ptx-sm80'),
-            ('prefill decode', 'bfloat16 float16', '192x128 256x64 256x128', 'none causal', 'rejected declared vllm-fa2-diff-headdim-v: v must have shape (total_k, num_heads_k, head_size_og)'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared vllm-fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-        ),
-        # vLLM's FlashAttention 3 build on sm_80
-        ('sm_80', 'vllm_fa3'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-        ),
-        # FlashAttention 2 on sm_86
-        ('sm_86', 'fa2'): (
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256 causal+softcap causal+varlen', 'pass declared fa2-ampere-ada-hopper'),
-            ('prefill decode mla_prefill', 'bfloat16 float16', '192x128', 'none causal', 'rejected declared fa2-diff-headdim-v: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)'),
-            ('prefill decode', 'bfloat16 float16', '128', 'causal+fp8', 'rejected declared fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'rejected declared fa2-paged-block-not-256: Paged KV cache block size must be divisible by 256'),
-        ),
-        # FlashAttention 4 on sm_86
-        ('sm_86', 'fa4'): (
-            ('prefill decode', 'bfloat16 float16', '128', 'causal+fp8', 'rejected declared fa4-fp8-sm100-only: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '64 128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected declared fa4-sm80-no-paged: paged KV not supported on SM 8.0'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared fa4-sm8x-sm120-no-sinks: Learnable sink is not supported in this kernel'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared fa4-sm8x-sm120-no-sinks: Learnable sink is not supported in this kernel'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared fa4-sm8x-sm120-no-sinks: Learnable sink is not supported in this kernel'),
-        ),
-        # FlashInfer (cutlass kernels) on sm_86
-        ('sm_86', 'flashinfer_cutlass'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64', "rejected declared flashinfer-cutlass-not-hopper: vLLM's FLASHINFER MLA prefill supports compute capability major 10 only"),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0 causal+qk_rope:64', "rejected declared flashinfer-cutlass-not-hopper: vLLM's FLASHINFER MLA prefill supports compute capability major 10 only"),
-        ),
-        # PyTorch SDPA mem-efficient on sm_86
-        ('sm_86', 'sdpa_efficient'): (
-            ('prefill mla_prefill', 'bfloat16 float16', '192x128', 'none causal', 'pass declared sdpa-efficient-diff-headdim'),
-        ),
-        # PyTorch SDPA flash on sm_86
-        ('sm_86', 'sdpa_flash'): (
-            ('prefill', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal', 'pass declared sdpa-flash-headdims'),
-            ('prefill', 'bfloat16 float16', '512 192x128', 'none causal', 'rejected declared sdpa-flash-headdim-limits: Flash attention requires q,k,v to have the same last dimension and to be less than or equal to 256.'),
-        ),
-        # TRT-LLM context (FlashInfer) on sm_86
-        ('sm_86', 'trtllm_context'): (
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-context-not-hopper-consumer-mla-totals: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-        ),
-        # TRT-LLM decode / XQA (FlashInfer) on sm_86
-        ('sm_86', 'trtllm_decode'): (
-            ('decode', 'bfloat16 float16', '128', 'causal+paged_kv:16 causal+paged_kv:64', 'rejected declared trtllm-decode-xqa-unsupported-arch: XQA is only supported on SM90, SM100, SM120/SM121 GPUs'),
-        ),
-        # TRT-LLM ragged (FlashInfer) on sm_86
-        ('sm_86', 'trtllm_ragged'): (
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-not-hopper-consumer-mla-totals: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected declared trtllm-ragged-no-page-table: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek takes no block table: K/V are packed r...'),
-        ),
-        # vLLM's FlashAttention 2 build on sm_86
-        ('sm_86', 'vllm_fa2'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass declared vllm-fa2-ptx-sm80'),
-            ('prefill decode', 'bfloat16 float16', '192x128 256x64 256x128', 'none causal', 'rejected declared vllm-fa2-diff-headdim-v: v must have shape (total_k, num_heads_k, head_size_og)'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared vllm-fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-        ),
-        # vLLM's FlashAttention 3 build on sm_86
-        ('sm_86', 'vllm_fa3'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-        ),
-        # FlashAttention 2 on sm_89
-        ('sm_89', 'fa2'): (
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256 causal+softcap causal+varlen', 'pass declared fa2-ampere-ada-hopper'),
-            ('prefill decode mla_prefill', 'bfloat16 float16', '192x128', 'none causal', 'rejected declared fa2-diff-headdim-v: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)'),
-            ('prefill decode', 'bfloat16 float16', '128', 'causal+fp8', 'rejected declared fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'rejected declared fa2-paged-block-not-256: Paged KV cache block size must be divisible by 256'),
-        ),
-        # FlashAttention 4 on sm_89
-        ('sm_89', 'fa4'): (
-            ('prefill decode', 'bfloat16 float16', '128', 'causal+fp8', 'rejected declared fa4-fp8-sm100-only: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '64 128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected declared fa4-sm80-no-paged: paged KV not supported on SM 8.0'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared fa4-sm8x-sm120-no-sinks: Learnable sink is not supported in this kernel'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared fa4-sm8x-sm120-no-sinks: Learnable sink is not supported in this kernel'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared fa4-sm8x-sm120-no-sinks: Learnable sink is not supported in this kernel'),
-        ),
-        # FlashInfer (cutlass kernels) on sm_89
-        ('sm_89', 'flashinfer_cutlass'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64', "rejected declared flashinfer-cutlass-not-hopper: vLLM's FLASHINFER MLA prefill supports compute capability major 10 only"),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0 causal+qk_rope:64', "rejected declared flashinfer-cutlass-not-hopper: vLLM's FLASHINFER MLA prefill supports compute capability major 10 only"),
-        ),
-        # PyTorch SDPA mem-efficient on sm_89
-        ('sm_89', 'sdpa_efficient'): (
-            ('prefill mla_prefill', 'bfloat16 float16', '192x128', 'none causal', 'pass declared sdpa-efficient-diff-headdim'),
-        ),
-        # PyTorch SDPA flash on sm_89
-        ('sm_89', 'sdpa_flash'): (
-            ('prefill', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal', 'pass declared sdpa-flash-headdims'),
-            ('prefill', 'bfloat16 float16', '512 192x128', 'none causal', 'rejected declared sdpa-flash-headdim-limits: Flash attention requires q,k,v to have the same last dimension and to be less than or equal to 256.'),
-        ),
-        # TRT-LLM context (FlashInfer) on sm_89
-        ('sm_89', 'trtllm_context'): (
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-context-not-hopper-consumer-mla-totals: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-        ),
-        # TRT-LLM decode / XQA (FlashInfer) on sm_89
-        ('sm_89', 'trtllm_decode'): (
-            ('decode', 'bfloat16 float16', '128', 'causal+paged_kv:16 causal+paged_kv:64', 'rejected declared trtllm-decode-xqa-unsupported-arch: XQA is only supported on SM90, SM100, SM120/SM121 GPUs'),
-        ),
-        # TRT-LLM ragged (FlashInfer) on sm_89
-        ('sm_89', 'trtllm_ragged'): (
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-not-hopper-consumer-mla-totals: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected declared trtllm-ragged-no-page-table: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek takes no block table: K/V are packed r...'),
-        ),
-        # vLLM's FlashAttention 2 build on sm_89
-        ('sm_89', 'vllm_fa2'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass declared vllm-fa2-ptx-sm80'),
-            ('prefill decode', 'bfloat16 float16', '192x128 256x64 256x128', 'none causal', 'rejected declared vllm-fa2-diff-headdim-v: v must have shape (total_k, num_heads_k, head_size_og)'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared vllm-fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-        ),
-        # vLLM's FlashAttention 3 build on sm_89
-        ('sm_89', 'vllm_fa3'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-        ),
-        # FlashAttention 2 on sm_90
-        ('sm_90', 'fa2'): (
-            ('decode', 'bfloat16 float16', '128 160', 'sliding_window', 'pass validated dtype-pairs-20261202'),
-            ('decode', 'bfloat16 float16', '256', 'sliding_window causal+gqa', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '192', 'sliding_window', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '256', 'causal+varlen', 'pass validated dtype-pairs-20261202'),
-            ('decode', 'bfloat16', '32 64 80 96 128 160 192 224 256', 'causal+softcap causal+varlen', 'pass validated reprobe-fa2'),
-            ('decode', 'float16', '32 64 80 96 128 160 192 224 256', 'causal+softcap', 'pass validated reprobe-fa2'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+softcap', 'pass validated reprobe-fa2'),
-            ('prefill', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'causal+softcap', 'pass validated reprobe-fa2'),
-            ('decode', 'bfloat16', '192', 'none', 'pass validated retime-fa2'),
-            ('decode', 'bfloat16', '256', 'none causal alibi+causal', 'pass validated retime-fa2'),
-            ('decode', 'bfloat16', '64', 'causal causal+paged_kv:256', 'pass validated retime-fa2'),
-            ('decode', 'bfloat16', '80', 'none causal causal+gqa', 'pass validated retime-fa2'),
-            ('decode', 'bfloat16', '96', 'causal', 'pass validated retime-fa2'),
-            ('mla_prefill', 'bfloat16', '256', 'causal alibi+causal causal+gqa causal+varlen', 'pass validated retime-fa2'),
-            ('prefill', 'bfloat16', '160', 'sliding_window causal+paged_kv:256', 'pass validated retime-fa2'),
-            ('prefill', 'bfloat16', '192 224', 'causal+gqa', 'pass validated retime-fa2'),
-            ('prefill', 'bfloat16', '32', 'alibi+causal causal+gqa', 'pass validated retime-fa2'),
-            ('prefill', 'bfloat16', '64', 'causal', 'pass validated retime-fa2'),
-            ('prefill', 'bfloat16', '80', 'alibi+causal', 'pass validated retime-fa2'),
-            ('prefill', 'bfloat16', '96', 'none causal sliding_window causal+paged_kv:256', 'pass validated retime-fa2'),
-            ('decode', 'bfloat16', '128 160', 'none causal alibi+causal causal+gqa causal+paged_kv:256', 'pass validated retime-matrix-fa2'),
-            ('decode', 'bfloat16', '192', 'causal sliding_window alibi+causal causal+gqa causal+paged_kv:256', 'pass validated retime-matrix-fa2'),
-            ('decode', 'bfloat16', '256', 'causal+paged_kv:256', 'pass validated retime-matrix-fa2'),
-            ('decode', 'bfloat16', '32 224', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256', 'pass validated retime-matrix-fa2'),
-            ('decode', 'bfloat16', '64', 'none sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-fa2'),
-            ('decode', 'bfloat16', '80', 'sliding_window alibi+causal causal+paged_kv:256', 'pass validated retime-matrix-fa2'),
-            ('decode', 'bfloat16', '96', 'none sliding_window alibi+causal causal+gqa causal+paged_kv:256', 'pass validated retime-matrix-fa2'),
-            ('decode', 'float16', '128 160', 'none causal alibi+causal causal+gqa causal+paged_kv:256 causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('decode', 'float16', '256', 'none causal alibi+causal causal+paged_kv:256 causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('decode', 'float16', '32 64 80 96 192 224', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256 causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('mla_prefill', 'float16', '256', 'causal alibi+causal causal+gqa causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('prefill', 'bfloat16', '128', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256 causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('prefill', 'bfloat16', '160', 'none causal alibi+causal causal+gqa causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('prefill', 'bfloat16', '192', 'none causal alibi+causal causal+paged_kv:256 causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('prefill', 'bfloat16', '224', 'none causal sliding_window alibi+causal causal+paged_kv:256 causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('prefill', 'bfloat16', '32', 'none causal sliding_window causal+paged_kv:256 causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('prefill', 'bfloat16', '64', 'none sliding_window alibi+causal causal+gqa causal+paged_kv:256 causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('prefill', 'bfloat16', '80', 'none causal sliding_window causal+gqa causal+paged_kv:256 causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('prefill', 'bfloat16', '96', 'alibi+causal causal+gqa causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('prefill', 'bfloat16 float16', '256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256', 'pass validated retime-matrix-fa2'),
-            ('prefill', 'float16', '192', 'none causal alibi+causal causal+gqa causal+paged_kv:256 causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('prefill', 'float16', '32 64 80 96 128 160 224', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256 causal+varlen', 'pass validated retime-matrix-fa2'),
-            ('mla_prefill', 'bfloat16 float16', '192x128', 'none', 'rejected declared fa2-diff-headdim-v: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('prefill decode', 'bfloat16', '512', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256 causal+softcap causal+varlen', 'rejected validated 20261130-d493d6c9: RuntimeError: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal+fp8', 'rejected validated 20261130-d493d6c9: RuntimeError: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16', '256 512 192x128', 'causal+fp8', 'rejected validated 20261130-d493d6c9: RuntimeError: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16', '256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'rejected validated 20261130-d493d6c9: RuntimeError: Paged KV cache block size must be divisible by 256'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal alibi+causal causal+gqa causal+softcap', 'rejected validated 20261130-d493d6c9: RuntimeError: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)'),
-            ('prefill decode', 'bfloat16', '192x128', 'none causal sliding_window alibi+causal causal+gqa causal+softcap', 'rejected validated 20261130-d493d6c9: RuntimeError: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)'),
-            ('prefill decode mla_prefill', 'bfloat16', '192x128', 'causal+varlen', 'rejected validated 20261130-d493d6c9: RuntimeError: v must have shape (total_k, num_heads_k, head_size)'),
-            ('prefill decode', 'bfloat16', '192x128', 'causal+paged_kv:256', 'rejected validated 20261130-d493d6c9: RuntimeError: vcache must have shape (num_blocks, page_block_size, num_heads_k, head_size_og)'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal+sinks', 'rejected validated 20261130-d493d6c9: attnmatrix: the API cannot express this case: flash_attn (FlashAttention 2) has no parameter for attention sinks'),
-            ('prefill decode', 'bfloat16', '256 512 192x128', 'causal+sinks', 'rejected validated 20261130-d493d6c9: attnmatrix: the API cannot express this case: flash_attn (FlashAttention 2) has no parameter for attention sinks'),
-            ('prefill decode', 'float16', '512', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256 causal+softcap causal+varlen', 'rejected validated 20261130-e44e779b: RuntimeError: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'float16', '256 192x128', 'causal+fp8', 'rejected validated 20261130-e44e779b: RuntimeError: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected validated 20261130-e44e779b: RuntimeError: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'rejected validated 20261130-e44e779b: RuntimeError: Paged KV cache block size must be divisible by 256'),
-            ('mla_prefill', 'float16', '192x128', 'causal alibi+causal causal+gqa causal+softcap', 'rejected validated 20261130-e44e779b: RuntimeError: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)'),
-            ('prefill decode', 'float16', '192x128', 'none causal sliding_window alibi+causal causal+gqa causal+softcap', 'rejected validated 20261130-e44e779b: RuntimeError: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)'),
-            ('prefill decode mla_prefill', 'float16', '192x128', 'causal+varlen', 'rejected validated 20261130-e44e779b: RuntimeError: v must have shape (total_k, num_heads_k, head_size)'),
-            ('prefill decode', 'float16', '192x128', 'causal+paged_kv:256', 'rejected validated 20261130-e44e779b: RuntimeError: vcache must have shape (num_blocks, page_block_size, num_heads_k, head_size_og)'),
-            ('mla_prefill', 'float16', '256 192x128', 'causal+sinks', 'rejected validated 20261130-e44e779b: attnmatrix: the API cannot express this case: flash_attn (FlashAttention 2) has no parameter for attention sinks'),
-            ('prefill decode', 'float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected validated 20261130-e44e779b: attnmatrix: the API cannot express this case: flash_attn (FlashAttention 2) has no parameter for attention sinks'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 128 160 192 224', 'causal+fp8', 'rejected validated 20261130-e94dacb7: RuntimeError: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 128 160 192 224', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'rejected validated 20261130-e94dacb7: RuntimeError: Paged KV cache block size must be divisible by 256'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 128 160 192 224', 'causal+sinks', 'rejected validated 20261130-e94dacb7: attnmatrix: the API cannot express this case: flash_attn (FlashAttention 2) has no parameter for attention sinks'),
-        ),
-        # FlashAttention 3 on sm_90
-        ('sm_90', 'fa3'): (
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+softcap causal+varlen', 'pass declared fa3-hopper'),
-            ('prefill decode', 'bfloat16', '64 96 128 192 256', 'causal+fp8', 'pass declared fa3-hopper-fp8'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared fa3-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected declared fa3-no-alibi: API has no alibi_slopes argument'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected declared fa3-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected declared fa3-no-alibi: API has no alibi_slopes argument'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared fa3-no-sinks: API has no sink argument'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared fa3-no-sinks: API has no sink argument'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared fa3-no-sinks: API has no sink argument'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'none causal alibi+causal causal+fp8 causal+gqa causal+sinks causal+softcap causal+varlen', "unavailable validated 20261130-f44d148a: cannot import flash_attn_interface: ModuleNotFoundError: No module named 'flash_attn_interface'"),
-            ('prefill decode', 'bfloat16', '32 80 160 224 192x128', 'causal+fp8', "unavailable validated 20261130-f44d148a: cannot import flash_attn_interface: ModuleNotFoundError: No module named 'flash_attn_interface'"),
-            ('prefill decode', 'bfloat16 float16', '512', 'sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+softcap causal+varlen', "unavailable validated 20261130-f44d148a: cannot import flash_attn_interface: ModuleNotFoundError: No module named 'flash_attn_interface'"),
-            ('prefill decode', 'float16', '32 64 80 96 128 160 192 224 256 192x128', 'causal+fp8', "unavailable validated 20261130-f44d148a: cannot import flash_attn_interface: ModuleNotFoundError: No module named 'flash_attn_interface'"),
-        ),
-        # FlashAttention 4 on sm_90
-        ('sm_90', 'fa4'): (
-            ('decode', 'bfloat16', '224', 'causal+paged_kv:128 causal+paged_kv:256 causal+paged_kv:64', 'crash validated 20261130-1b1c3b9a: worker exited with status 1 while running the case; stderr tail: t: `aux_data: Constexpr`. Otherwise, implement the `...'),
-            ('decode', 'float16', '224', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256', 'crash validated 20261130-1b1c3b9a: worker exited with status 1 while running the case; stderr tail: t: `aux_data: Constexpr`. Otherwise, implement the `...'),
-            ('prefill', 'bfloat16', '224', 'causal+paged_kv:16', 'crash validated 20261130-1b1c3b9a: worker exited with status 1 while running the case; stderr tail: t: `aux_data: Constexpr`. Otherwise, implement the `...'),
-            ('prefill', 'float16', '160', 'causal+paged_kv:16', 'crash validated 20261130-1b1c3b9a: worker exited with status 1 while running the case; stderr tail: t: `aux_data: Constexpr`. Otherwise, implement the `...'),
-            ('prefill', 'float16', '224', 'causal+paged_kv:16 causal+paged_kv:256', 'crash validated 20261130-1b1c3b9a: worker exited with status 1 while running the case; stderr tail: t: `aux_data: Constexpr`. Otherwise, implement the `...'),
-            ('decode', 'bfloat16', '224', 'causal+paged_kv:16', 'crash validated 20261130-f44d148a: kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered'),
-            ('decode', 'bfloat16 float16', '160', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'crash validated 20261130-f44d148a: kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered'),
-            ('decode', 'float16', '224', 'causal+paged_kv:64', 'crash validated 20261130-f44d148a: kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered'),
-            ('prefill', 'bfloat16', '160', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'crash validated 20261130-f44d148a: kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered'),
-            ('prefill', 'bfloat16', '224', 'causal+paged_kv:128 causal+paged_kv:256 causal+paged_kv:64', 'crash validated 20261130-f44d148a: kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered'),
-            ('prefill', 'float16', '160', 'causal+paged_kv:128 causal+paged_kv:256 causal+paged_kv:64', 'crash validated 20261130-f44d148a: kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered'),
-            ('prefill', 'float16', '224', 'causal+paged_kv:128 causal+paged_kv:64', 'crash validated 20261130-f44d148a: kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'none', 'pass declared fa4-mla-prefill-dims'),
-            ('decode', 'bfloat16 float16', '192 256', 'causal+gqa', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '128', 'causal+paged_kv:256 causal+paged_kv:64 causal+sinks', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '192', 'causal+paged_kv:128', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '192x128', 'causal+gqa causal+paged_kv:128', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '256', 'causal+paged_kv:128 causal+sinks', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '32', 'causal causal+gqa causal+paged_kv:128', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '80', 'causal causal+paged_kv:128 causal+paged_kv:64 causal+varlen', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '96', 'causal+paged_kv:64 causal+sinks causal+varlen', 'pass validated dtype-pairs-20261202'),
-            ('decode', 'bfloat16', '32 64 80 96 128 160 192 224 256 192x128', 'causal+sinks causal+softcap causal+varlen', 'pass validated reprobe-fa4'),
-            ('decode', 'float16', '32 64 80 96 128 160 192 224 256 192x128', 'causal+sinks causal+softcap', 'pass validated reprobe-fa4'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'causal+softcap', 'pass validated reprobe-fa4'),
-            ('prefill', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 192x128', 'causal+softcap', 'pass validated reprobe-fa4'),
-            ('decode', 'bfloat16', '192', 'none causal+paged_kv:256', 'pass validated retime-fa4'),
-            ('decode', 'bfloat16', '224', 'none', 'pass validated retime-fa4'),
-            ('decode', 'bfloat16', '256', 'causal+paged_kv:128 causal+paged_kv:256', 'pass validated retime-fa4'),
-            ('decode', 'bfloat16', '32', 'causal+paged_kv:16 causal+paged_kv:256', 'pass validated retime-fa4'),
-            ('decode', 'bfloat16', '64 128', 'causal+paged_kv:64', 'pass validated retime-fa4'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal causal+gqa causal+sinks causal+varlen', 'pass validated retime-fa4'),
-            ('prefill', 'bfloat16', '128 256', 'sliding_window', 'pass validated retime-fa4'),
-            ('prefill', 'bfloat16', '224', 'none causal+gqa', 'pass validated retime-fa4'),
-            ('prefill', 'bfloat16', '32', 'causal+paged_kv:256 causal+paged_kv:64', 'pass validated retime-fa4'),
-            ('prefill', 'bfloat16', '64', 'none causal+sinks', 'pass validated retime-fa4'),
-            ('prefill', 'bfloat16', '80', 'none causal+paged_kv:256', 'pass validated retime-fa4'),
-            ('decode', 'bfloat16', '160', 'none causal sliding_window causal+gqa', 'pass validated retime-matrix-fa4'),
-            ('decode', 'bfloat16', '192', 'causal sliding_window causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'pass validated retime-matrix-fa4'),
-            ('decode', 'bfloat16', '224', 'causal sliding_window causal+gqa', 'pass validated retime-matrix-fa4'),
-            ('decode', 'bfloat16', '256', 'none causal sliding_window causal+paged_kv:16 causal+paged_kv:64', 'pass validated retime-matrix-fa4'),
-            ('decode', 'bfloat16', '32', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:64', 'pass validated retime-matrix-fa4'),
-            ('decode', 'bfloat16', '64 128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256', 'pass validated retime-matrix-fa4'),
-            ('decode', 'bfloat16', '80 96 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'pass validated retime-matrix-fa4'),
-            ('decode', 'float16', '160 224', 'none causal sliding_window causal+gqa causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('decode', 'float16', '192 256', 'none causal sliding_window causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('decode', 'float16', '32 64 80 96 128 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('mla_prefill', 'float16', '256 192x128', 'causal causal+gqa causal+sinks causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'bfloat16', '128', 'none causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'bfloat16', '160', 'none causal sliding_window causal+gqa causal+sinks causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'bfloat16', '224', 'causal sliding_window causal+sinks causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'bfloat16', '256', 'none causal causal+gqa causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'bfloat16', '32', 'none sliding_window causal+paged_kv:16 causal+sinks causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'bfloat16', '64', 'causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'bfloat16', '80', 'sliding_window causal+gqa causal+paged_kv:16 causal+sinks', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'bfloat16 float16', '192', 'none causal sliding_window causal+gqa causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'bfloat16 float16', '192x128', 'none causal sliding_window causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'bfloat16 float16', '96', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'float16', '128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'float16', '160 224', 'none causal sliding_window causal+gqa causal+sinks causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'float16', '256', 'none causal sliding_window causal+gqa causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'float16', '32', 'none sliding_window causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'float16', '64', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'pass validated retime-matrix-fa4'),
-            ('prefill', 'float16', '80', 'none sliding_window causal+gqa causal+paged_kv:16 causal+paged_kv:256 causal+sinks', 'pass validated retime-matrix-fa4'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('decode', 'bfloat16', '224', 'causal+fp8', 'rejected validated 20261130-1b1c3b9a: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('prefill', 'bfloat16', '192x128', 'alibi+causal', 'rejected validated 20261130-1b1c3b9a: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('decode', 'bfloat16', '32 64 80 96 128 192 256', 'causal+fp8', 'rejected validated 20261130-cedff2fa: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('decode', 'float16', '32 64 80 96 128 192 224', 'causal+fp8', 'rejected validated 20261130-cedff2fa: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16', '256', 'causal+fp8', 'rejected validated 20261130-cedff2fa: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('prefill', 'bfloat16', '32 64 80 96 128 192 224 256', 'causal+fp8', 'rejected validated 20261130-cedff2fa: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('prefill', 'float16', '32 64 80 96 128 192', 'causal+fp8', 'rejected validated 20261130-cedff2fa: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'alibi+causal', 'rejected validated 20261130-cedff2fa: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal', 'rejected validated 20261130-cedff2fa: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('prefill', 'bfloat16', '32 64 80 96 128 160 192 224 256', 'alibi+causal', 'rejected validated 20261130-cedff2fa: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('prefill', 'float16', '32 64 80 96 128 192 256', 'alibi+causal', 'rejected validated 20261130-cedff2fa: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected validated 20261130-f44d148a: AssertionError: (head_dim, head_dim_v)=(512, 512) is not supported on SM90. head_dim and head_dim_v must be between 8...'),
-            ('decode', 'float16', '160 256 192x128', 'causal+fp8', 'rejected validated 20261130-f44d148a: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal+fp8', 'rejected validated 20261130-f44d148a: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'float16', '256 192x128', 'causal+fp8', 'rejected validated 20261130-f44d148a: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('prefill', 'float16', '160 224 256 192x128', 'causal+fp8', 'rejected validated 20261130-f44d148a: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('prefill decode', 'bfloat16', '160 192x128', 'causal+fp8', 'rejected validated 20261130-f44d148a: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('decode', 'bfloat16 float16', '512 192x128', 'alibi+causal', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('mla_prefill', 'bfloat16 float16', '192x128', 'alibi+causal', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('prefill', 'bfloat16', '512', 'alibi+causal', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('prefill', 'float16', '160 224 512 192x128', 'alibi+causal', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-        ),
-        # FlashInfer on sm_90
-        ('sm_90', 'flashinfer'): (
-            ('prefill', 'bfloat16', '160', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+softcap causal+varlen', "crash validated 20261130-d0776782: kernel fault reported after the case (its record said 'rejected'): AcceleratorError: CUDA error: an illegal memory ac..."),
-            ('prefill', 'bfloat16', '80 96', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+softcap causal+varlen', "crash validated 20261130-d0776782: kernel fault reported after the case (its record said 'rejected'): AcceleratorError: CUDA error: an illegal memory ac..."),
-            ('decode', 'bfloat16', '64 128', 'causal+fp8 causal+softcap causal+varlen', 'pass validated reprobe-fi'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'causal+softcap', 'pass validated reprobe-fi'),
-            ('prefill', 'bfloat16', '64 192x128', 'causal+softcap', 'pass validated reprobe-fi'),
-            ('decode', 'bfloat16', '64 128', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'pass validated retime-matrix-fi'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal alibi+causal causal+gqa causal+varlen', 'pass validated retime-matrix-fi'),
-            ('prefill', 'bfloat16', '192x128', 'none causal sliding_window alibi+causal causal+gqa causal+varlen', 'pass validated retime-matrix-fi'),
-            ('prefill', 'bfloat16', '64 128', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+varlen', 'pass validated retime-matrix-fi'),
-            ('mla_prefill', 'float16', '256 192x128', 'causal alibi+causal causal+gqa causal+varlen', 'pass validated retime-matrix-fi16'),
-            ('mla_prefill', 'float16', '192x128', 'causal+fp8', 'rejected validated 20261130-205f5299: RuntimeError: Ninja build failed. Ninja output:'),
-            ('mla_prefill', 'float16', '256', 'causal+fp8', 'rejected validated 20261130-205f5299: TypeError: Mismatched number of arguments when calling: `ragged_run(0: DLTensor*, 1: DLTensor*, 2: Array<int>, 3: DLT...'),
-            ('mla_prefill', 'float16', '256 192x128', 'causal+sinks', 'rejected validated 20261130-205f5299: attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has no attention-sink paramete...'),
-            ('prefill', 'bfloat16', '64', 'causal+sinks', 'rejected validated 20261130-4fc5db8d: attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has no attention-sink paramete...'),
-            ('decode', 'bfloat16', '192x128', 'none causal sliding_window alibi+causal causal+gqa causal+sinks causal+softcap causal+varlen', 'rejected validated 20261130-67b0b9cd: attnmatrix: the API cannot express this case: BatchDecodeWithPagedKVCacheWrapper.plan takes one head_dim for q, k and...'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal+sinks', 'rejected validated 20261130-67b0b9cd: attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has no attention-sink paramete...'),
-            ('mla_prefill', 'bfloat16', '256', 'causal+fp8', 'rejected validated 20261130-7491a8d2: TypeError: Mismatched number of arguments when calling: `ragged_run(0: DLTensor*, 1: DLTensor*, 2: Array<int>, 3: DLT...'),
-            ('mla_prefill', 'bfloat16', '256', 'causal+sinks', 'rejected validated 20261130-7491a8d2: attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has no attention-sink paramete...'),
-            ('prefill', 'bfloat16', '192x128', 'causal+paged_kv:128', 'rejected validated 20261130-ae60332a: RuntimeError: Check failed: params.k_page_stride == params.v_page_stride (196608 vs. 131072) : K and V must have same...'),
-            ('prefill', 'bfloat16', '192x128', 'causal+paged_kv:16', 'rejected validated 20261130-ae60332a: RuntimeError: Check failed: params.k_page_stride == params.v_page_stride (24576 vs. 16384) : K and V must have same p...'),
-            ('prefill', 'bfloat16', '192x128', 'causal+paged_kv:256', 'rejected validated 20261130-ae60332a: RuntimeError: Check failed: params.k_page_stride == params.v_page_stride (393216 vs. 262144) : K and V must have same...'),
-            ('prefill', 'bfloat16', '192x128', 'causal+paged_kv:64', 'rejected validated 20261130-ae60332a: RuntimeError: Check failed: params.k_page_stride == params.v_page_stride (98304 vs. 65536) : K and V must have same p...'),
-            ('prefill mla_prefill', 'bfloat16', '192x128', 'causal+fp8', 'rejected validated 20261130-ae60332a: RuntimeError: Ninja build failed. Ninja output:'),
-            ('decode', 'bfloat16', '192x128', 'causal+fp8 causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected validated 20261130-ae60332a: attnmatrix: the API cannot express this case: BatchDecodeWithPagedKVCacheWrapper.plan takes one head_dim for q, k and...'),
-            ('prefill', 'bfloat16', '192x128', 'causal+sinks', 'rejected validated 20261130-ae60332a: attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has no attention-sink paramete...'),
-            ('prefill', 'bfloat16', '128', 'causal+sinks', 'rejected validated 20261130-b4e425bc: attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has no attention-sink paramete...'),
-            ('prefill', 'bfloat16', '32', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', "rejected validated 20261130-d0776782: RuntimeError: Error in function 'BatchPrefillWithPagedKVCacheDispatched' at <...>/attention/prefill.cuh:5355: FlashIn..."),
-            ('prefill', 'bfloat16', '32', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+softcap causal+varlen', "rejected validated 20261130-d0776782: RuntimeError: Error in function 'BatchPrefillWithRaggedKVCacheDispatched' at <...>/attention/prefill.cuh:5122: FlashI..."),
-            ('prefill', 'bfloat16', '80 96', 'causal+fp8', "rejected validated 20261130-d0776782: RuntimeError: Error in function 'BatchPrefillWithRaggedKVCacheDispatched' at <...>/attention/prefill.cuh:5122: FlashI..."),
-            ('decode', 'bfloat16', '32', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', "rejected validated 20261130-d0776782: RuntimeError: Error in function 'VariableLengthMergeStates' at <...>/attention/cascade.cuh:707: Unsupported head_dim: 32"),
-            ('decode', 'bfloat16', '80', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', "rejected validated 20261130-d0776782: RuntimeError: Error in function 'VariableLengthMergeStates' at <...>/attention/cascade.cuh:707: Unsupported head_dim: 80"),
-            ('decode', 'bfloat16', '96', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', "rejected validated 20261130-d0776782: RuntimeError: Error in function 'VariableLengthMergeStates' at <...>/attention/cascade.cuh:707: Unsupported head_dim: 96"),
-            ('decode', 'bfloat16', '160', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', "rejected validated 20261130-d0776782: RuntimeError: Error in function 'VariableLengthMergeStates' at <...>/attention/cascade.cuh:707: Unsupported head_dim:..."),
-            ('prefill', 'bfloat16', '64', 'causal+fp8', 'rejected validated 20261130-d0776782: TypeError: Mismatched number of arguments when calling: `ragged_run(0: DLTensor*, 1: DLTensor*, 2: Array<int>, 3: DLT...'),
-            ('prefill', 'bfloat16', '32 80 96 160', 'causal+sinks', 'rejected validated 20261130-d0776782: attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has no attention-sink paramete...'),
-            ('decode', 'bfloat16', '64', 'causal+sinks', 'wrong validated reprobe-fi: max abs error 0.9089 over tolerance (1698 of 2048 elements off)'),
-            ('decode', 'bfloat16', '128', 'causal+sinks', 'wrong validated reprobe-fi: max abs error 1.686 over tolerance (3512 of 4096 elements off)'),
-        ),
-        # FlashInfer (cutlass kernels) on sm_90
-        ('sm_90', 'flashinfer_cutlass'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64', "rejected declared flashinfer-cutlass-not-hopper: vLLM's FLASHINFER MLA prefill supports compute capability major 10 only"),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0 causal+qk_rope:64', "rejected declared flashinfer-cutlass-not-hopper: vLLM's FLASHINFER MLA prefill supports compute capability major 10 only"),
-        ),
-        # PyTorch SDPA cuDNN on sm_90
-        ('sm_90', 'sdpa_cudnn'): (
-            ('decode', 'bfloat16 float16', '192x128', 'causal+gqa', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '192x128', 'sliding_window causal+gqa', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '224', 'alibi+causal', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '32', 'causal+gqa', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '64', 'sliding_window', 'pass validated dtype-pairs-20261202'),
-            ('decode', 'bfloat16', '224', 'none causal alibi+causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'bfloat16', '256', 'none sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'bfloat16', '32 64 80 128 160 192', 'none causal sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'bfloat16', '96', 'causal sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'bfloat16 float16', '192x128', 'none causal sliding_window alibi+causal', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('mla_prefill', 'float16', '256 192x128', 'causal alibi+causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'bfloat16', '64 128', 'none causal alibi+causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'bfloat16', '80 160 192 256', 'none causal sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'bfloat16', '96 224', 'none causal sliding_window causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'bfloat16 float16', '192x128', 'none causal alibi+causal', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'bfloat16 float16', '32', 'none causal sliding_window alibi+causal', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'float16', '224', 'none causal sliding_window causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'float16', '64', 'none causal alibi+causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'float16', '80 96 128 160 192 256', 'none causal sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'bfloat16', '224', 'sliding_window', 'pass validated retime-sdpa'),
-            ('decode', 'bfloat16', '256', 'causal', 'pass validated retime-sdpa'),
-            ('decode', 'bfloat16', '96', 'none', 'pass validated retime-sdpa'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'alibi+causal', 'pass validated retime-sdpa'),
-            ('prefill', 'bfloat16', '128', 'sliding_window', 'pass validated retime-sdpa'),
-            ('prefill', 'bfloat16', '96', 'alibi+causal', 'pass validated retime-sdpa'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224', 'causal+fp8', 'rejected validated 20261130-6757676b: RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used because: Expected query, key a...'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected validated 20261130-6757676b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a paged KV cache'),
-            ('mla_prefill', 'bfloat16', '256', 'causal+softcap', 'rejected validated 20261130-6757676b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 128 160 192 224 256', 'causal+softcap', 'rejected validated 20261130-6757676b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('prefill decode', 'float16', '32 64 80 96 128 160 192 224', 'causal+softcap', 'rejected validated 20261130-6757676b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224', 'causal+sinks', 'rejected validated 20261130-6757676b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224', 'causal+varlen', 'rejected validated 20261130-6757676b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-            ('prefill decode mla_prefill', 'float16', '192x128', 'causal+fp8', 'rejected validated 20261130-6f2c3f9b: RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used because: Expected query, key a...'),
-            ('prefill decode', 'float16', '192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a paged KV cache'),
-            ('prefill decode mla_prefill', 'float16', '192x128', 'causal+softcap', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('prefill decode mla_prefill', 'float16', '192x128', 'causal+sinks', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('prefill decode mla_prefill', 'float16', '192x128', 'causal+varlen', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal+fp8', 'rejected validated 20261130-f44d148a: RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used because: Expected query, key a...'),
-            ('mla_prefill', 'float16', '256', 'causal+fp8', 'rejected validated 20261130-f44d148a: RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used because: Expected query, key a...'),
-            ('prefill decode', 'bfloat16', '256 512 192x128', 'causal+fp8', 'rejected validated 20261130-f44d148a: RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used because: Expected query, key a...'),
-            ('prefill decode', 'float16', '256 512', 'causal+fp8', 'rejected validated 20261130-f44d148a: RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used because: Expected query, key a...'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal sliding_window alibi+causal causal+gqa', 'rejected validated 20261130-f44d148a: RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used because: head_dim should be no...'),
-            ('prefill decode', 'bfloat16', '256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a paged KV cache'),
-            ('prefill decode', 'float16', '256 512', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a paged KV cache'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal+softcap', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('mla_prefill', 'float16', '256', 'causal+softcap', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('prefill decode', 'bfloat16', '512 192x128', 'causal+softcap', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('prefill decode', 'float16', '256 512', 'causal+softcap', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal+sinks', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('mla_prefill', 'float16', '256', 'causal+sinks', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('prefill decode', 'bfloat16', '256 512 192x128', 'causal+sinks', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('prefill decode', 'float16', '256 512', 'causal+sinks', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal+varlen', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-            ('mla_prefill', 'float16', '256', 'causal+varlen', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-            ('prefill decode', 'bfloat16', '256 512 192x128', 'causal+varlen', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-            ('prefill decode', 'float16', '256 512', 'causal+varlen', 'rejected validated 20261130-f44d148a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-        ),
-        # PyTorch SDPA mem-efficient on sm_90
-        ('sm_90', 'sdpa_efficient'): (
-            ('mla_prefill', 'bfloat16 float16', '192x128', 'none', 'pass declared sdpa-efficient-diff-headdim'),
-            ('prefill', 'bfloat16 float16', '32', 'alibi+causal', 'pass validated dtype-pairs-20261202'),
-            ('decode', 'bfloat16', '32', 'none sliding_window alibi+causal', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'bfloat16', '64', 'sliding_window alibi+causal', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'bfloat16', '80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal', 'pass validated retime-matrix-sdpa'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal', 'pass validated retime-matrix-sdpa'),
-            ('mla_prefill', 'bfloat16', '256', 'alibi+causal', 'pass validated retime-matrix-sdpa'),
-            ('mla_prefill', 'float16', '256 192x128', 'causal alibi+causal', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'bfloat16', '160 192x128', 'none causal alibi+causal', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'bfloat16', '32 192', 'none causal sliding_window', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'bfloat16', '64 80 96 128 224 256 512', 'none causal sliding_window alibi+causal', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'float16', '32', 'none causal sliding_window', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'float16', '64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'bfloat16', '32', 'causal', 'pass validated retime-sdpa'),
-            ('decode', 'bfloat16', '64', 'none causal', 'pass validated retime-sdpa'),
-            ('mla_prefill', 'bfloat16', '192x128', 'alibi+causal', 'pass validated retime-sdpa'),
-            ('mla_prefill', 'bfloat16', '256', 'causal', 'pass validated retime-sdpa'),
-            ('prefill', 'bfloat16', '160 192x128', 'sliding_window', 'pass validated retime-sdpa'),
-            ('prefill', 'bfloat16', '192', 'alibi+causal', 'pass validated retime-sdpa'),
-            ('mla_prefill', 'bfloat16 float16', '192x128', 'causal+fp8', 'rejected validated 20261130-6f2c3f9b: RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used because: Expected query, key...'),
-            ('prefill decode', 'bfloat16 float16', '32 80 96 160 192 224 512 192x128', 'causal+fp8', 'rejected validated 20261130-6f2c3f9b: RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used because: Expected query, key...'),
-            ('mla_prefill', 'bfloat16 float16', '192x128', 'causal+gqa', 'rejected validated 20261130-6f2c3f9b: RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used because: For dense input, bot...'),
-            ('prefill decode', 'bfloat16 float16', '32 80 96 160 192 224 512 192x128', 'causal+gqa', 'rejected validated 20261130-6f2c3f9b: RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used because: For dense input, bot...'),
-            ('prefill decode', 'bfloat16 float16', '32 80 96 160 192 224 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a paged KV cache'),
-            ('mla_prefill', 'bfloat16 float16', '192x128', 'causal+softcap', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('prefill decode', 'bfloat16 float16', '32 80 96 160 192 224 512 192x128', 'causal+softcap', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('mla_prefill', 'bfloat16 float16', '192x128', 'causal+sinks', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('prefill decode', 'bfloat16 float16', '32 80 96 160 192 224 512 192x128', 'causal+sinks', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('mla_prefill', 'bfloat16 float16', '192x128', 'causal+varlen', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-            ('prefill decode', 'bfloat16 float16', '32 80 96 160 192 224 512 192x128', 'causal+varlen', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8', 'rejected validated 20261130-8f38b417: RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used because: Expected query, key...'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'causal+fp8', 'rejected validated 20261130-8f38b417: RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used because: Expected query, key...'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+gqa', 'rejected validated 20261130-8f38b417: RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used because: For dense input, bot...'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'causal+gqa', 'rejected validated 20261130-8f38b417: RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used because: For dense input, bot...'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected validated 20261130-8f38b417: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a paged KV cache'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+softcap', 'rejected validated 20261130-8f38b417: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'causal+softcap', 'rejected validated 20261130-8f38b417: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+sinks', 'rejected validated 20261130-8f38b417: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'causal+sinks', 'rejected validated 20261130-8f38b417: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+varlen', 'rejected validated 20261130-8f38b417: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'causal+varlen', 'rejected validated 20261130-8f38b417: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-        ),
-        # PyTorch SDPA flash on sm_90
-        ('sm_90', 'sdpa_flash'): (
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+gqa', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '192', 'causal', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '224', 'none', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '64 256', 'causal+gqa', 'pass validated dtype-pairs-20261202'),
-            ('decode', 'bfloat16', '160', 'causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'bfloat16', '32 64 96 192 224 256', 'none causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'bfloat16', '80 128', 'none causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'float16', '32 64 80 96 128 160 192 224 256', 'none causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('mla_prefill', 'float16', '256', 'causal', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'bfloat16', '32 96 128 160', 'none causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'bfloat16', '80 192', 'none causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'bfloat16 float16', '224', 'causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'bfloat16 float16', '64 256', 'none causal', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'float16', '192', 'none causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('prefill', 'float16', '32 80 96 128 160', 'none causal causal+gqa', 'pass validated retime-matrix-sdpa'),
-            ('decode', 'bfloat16', '160', 'none', 'pass validated retime-sdpa'),
-            ('decode', 'bfloat16', '80 128', 'causal', 'pass validated retime-sdpa'),
-            ('mla_prefill', 'bfloat16', '256', 'causal', 'pass validated retime-sdpa'),
-            ('prefill', 'bfloat16', '80', 'causal', 'pass validated retime-sdpa'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8', 'rejected validated 20261130-6f2c3f9b: RuntimeError: No available kernel. Aborting execution. Flash attention kernel not used because: Expected query, key a...'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'causal+fp8', 'rejected validated 20261130-6f2c3f9b: RuntimeError: No available kernel. Aborting execution. Flash attention kernel not used because: Expected query, key a...'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'alibi+causal', 'rejected validated 20261130-6f2c3f9b: RuntimeError: No available kernel. Aborting execution. Flash attention kernel not used because: Flash Attention does...'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'sliding_window alibi+causal', 'rejected validated 20261130-6f2c3f9b: RuntimeError: No available kernel. Aborting execution. Flash attention kernel not used because: Flash Attention does...'),
-            ('mla_prefill', 'bfloat16 float16', '192x128', 'causal causal+fp8 causal+gqa', 'rejected validated 20261130-6f2c3f9b: RuntimeError: No available kernel. Aborting execution. Flash attention kernel not used because: Flash attention requi...'),
-            ('prefill decode', 'bfloat16 float16', '512 192x128', 'none causal causal+fp8 causal+gqa', 'rejected validated 20261130-6f2c3f9b: RuntimeError: No available kernel. Aborting execution. Flash attention kernel not used because: Flash attention requi...'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a paged KV cache'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'causal+softcap', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+softcap', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'causal+sinks', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'causal+varlen', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+varlen', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-        ),
-        # PyTorch SDPA math on sm_90
-        ('sm_90', 'sdpa_math'): (
-            ('decode', 'bfloat16', '256', 'causal sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-math'),
-            ('decode', 'bfloat16', '32 64 80 96 128 160 192 224', 'none causal sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-math'),
-            ('decode', 'bfloat16', '512 192x128', 'none causal sliding_window causal+gqa', 'pass validated retime-matrix-math'),
-            ('decode', 'float16', '32 64 80 96 128 160 192 224 256 192x128', 'none causal sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-math'),
-            ('decode', 'float16', '512', 'none causal sliding_window causal+gqa', 'pass validated retime-matrix-math'),
-            ('mla_prefill', 'bfloat16', '192x128', 'alibi+causal causal+gqa', 'pass validated retime-matrix-math'),
-            ('mla_prefill', 'bfloat16', '256', 'causal causal+gqa', 'pass validated retime-matrix-math'),
-            ('mla_prefill', 'float16', '256 192x128', 'causal alibi+causal causal+gqa', 'pass validated retime-matrix-math'),
-            ('prefill', 'bfloat16', '128', 'none sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-math'),
-            ('prefill', 'bfloat16', '192', 'none causal sliding_window alibi+causal', 'pass validated retime-matrix-math'),
-            ('prefill', 'bfloat16', '32 64 80 96 160 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-math'),
-            ('prefill', 'float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+gqa', 'pass validated retime-matrix-math'),
-            ('decode', 'bfloat16 float16', '512', 'alibi+causal', 'pass validated retime-matrix-rerun'),
-            ('decode', 'bfloat16', '192x128', 'alibi+causal', 'pass validated retime-sdpa'),
-            ('decode', 'bfloat16', '256', 'none', 'pass validated retime-sdpa'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal', 'pass validated retime-sdpa'),
-            ('mla_prefill', 'bfloat16', '256', 'alibi+causal', 'pass validated retime-sdpa'),
-            ('prefill', 'bfloat16', '128', 'causal', 'pass validated retime-sdpa'),
-            ('prefill', 'bfloat16', '192', 'causal+gqa', 'pass validated retime-sdpa'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'causal+fp8', 'rejected validated 20261130-1b1c3b9a: NotImplementedError: "mul_cuda" not implemented for \'Float8_e4m3fn\''),
-            ('prefill decode', 'bfloat16 float16', '224 256 512 192x128', 'causal+fp8', 'rejected validated 20261130-1b1c3b9a: NotImplementedError: "mul_cuda" not implemented for \'Float8_e4m3fn\''),
-            ('prefill decode', 'bfloat16 float16', '224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected validated 20261130-1b1c3b9a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a paged KV cache'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'causal+softcap', 'rejected validated 20261130-1b1c3b9a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('prefill decode', 'bfloat16 float16', '224 256 512 192x128', 'causal+softcap', 'rejected validated 20261130-1b1c3b9a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'causal+sinks', 'rejected validated 20261130-1b1c3b9a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('prefill decode', 'bfloat16 float16', '224 256 512 192x128', 'causal+sinks', 'rejected validated 20261130-1b1c3b9a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'causal+varlen', 'rejected validated 20261130-1b1c3b9a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-            ('prefill decode', 'bfloat16 float16', '224 256 512 192x128', 'causal+varlen', 'rejected validated 20261130-1b1c3b9a: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192', 'causal+fp8', 'rejected validated 20261130-6f2c3f9b: NotImplementedError: "mul_cuda" not implemented for \'Float8_e4m3fn\''),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a paged KV cache'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192', 'causal+softcap', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for a softcap'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192', 'causal+sinks', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for attention sinks'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192', 'causal+varlen', 'rejected validated 20261130-6f2c3f9b: attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter for cu_seqlens (varlen) i...'),
-        ),
-        # TRT-LLM context (FlashInfer) on sm_90
-        ('sm_90', 'trtllm_context'): (
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-context-not-hopper-consumer-mla-totals: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-        ),
-        # TRT-LLM decode / XQA (FlashInfer) on sm_90
-        ('sm_90', 'trtllm_decode'): (
-            ('decode', 'bfloat16', '32 64 80 96 128 192 224 256 512', 'causal+sinks causal+varlen', 'pass validated reprobe-fi'),
-            ('decode', 'float16', '32 64 80 96 128 192 224 256 512', 'causal+sinks', 'pass validated reprobe-fi'),
-            ('decode', 'bfloat16', '32 64 80 96 128 192 224 256 512', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'pass validated retime-matrix-fi'),
-            ('decode', 'float16', '32 64 80', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64 causal+varlen', 'pass validated retime-matrix-fi'),
-            ('decode', 'float16', '96', 'none causal', 'pass validated retime-matrix-fi'),
-            ('decode', 'float16', '128 192 224 256', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64 causal+varlen', 'pass validated retime-matrix-fi16'),
-            ('decode', 'float16', '512', 'none sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64 causal+varlen', 'pass validated retime-matrix-fi16'),
-            ('decode', 'float16', '96', 'sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64 causal+varlen', 'pass validated retime-matrix-fi16'),
-            ('decode', 'float16', '512', 'causal', 'pass validated retime-matrix-rerun'),
-            ('decode', 'bfloat16', '32 80 96 160 192 224 512', 'causal+fp8', 'rejected validated 20261130-77b2062c: AssertionError: Output and query must have the same dtype'),
-            ('decode', 'float16', '32 64 80 96 128 160 192 224 256 512', 'causal+fp8', 'rejected validated 20261130-77b2062c: AssertionError: Output and query must have the same dtype'),
-            ('decode', 'bfloat16 float16', '160', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64 causal+sinks causal+varlen', 'rejected validated 20261130-77b2062c: RuntimeError: Ninja build failed. Ninja output:'),
-            ('decode', 'bfloat16', '32 80 96 160 192 224 512', 'causal+paged_kv:256', 'rejected validated 20261130-77b2062c: ValueError: Invalid page_size: 256, only 16, 32, 64, 128 are supported'),
-            ('decode', 'float16', '32 64 80 96 128 160 192 224 256 512', 'causal+paged_kv:256', 'rejected validated 20261130-77b2062c: ValueError: Invalid page_size: 256, only 16, 32, 64, 128 are supported'),
-            ('decode', 'bfloat16', '32 80 96 160 192 224 512 192x128', 'alibi+causal', 'rejected validated 20261130-77b2062c: attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has no parameter for ALiBi slopes'),
-            ('decode', 'float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected validated 20261130-77b2062c: attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has no parameter for ALiBi slopes'),
-            ('decode', 'bfloat16', '32 80 96 160 192 224 512 192x128', 'causal+softcap', 'rejected validated 20261130-77b2062c: attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has no parameter for a logits softcap'),
-            ('decode', 'float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+softcap', 'rejected validated 20261130-77b2062c: attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has no parameter for a logits softcap'),
-            ('decode', 'bfloat16 float16', '192x128', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'rejected validated 20261130-77b2062c: attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has one head_dim: its output takes th...'),
-            ('decode', 'bfloat16', '64 128 256', 'causal+fp8', 'rejected validated 20261130-c981a5d2: AssertionError: Output and query must have the same dtype'),
-            ('decode', 'bfloat16', '64 128 256', 'causal+paged_kv:256', 'rejected validated 20261130-c981a5d2: ValueError: Invalid page_size: 256, only 16, 32, 64, 128 are supported'),
-            ('decode', 'bfloat16', '64 128 256', 'alibi+causal', 'rejected validated 20261130-c981a5d2: attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has no parameter for ALiBi slopes'),
-            ('decode', 'bfloat16', '64 128 256', 'causal+softcap', 'rejected validated 20261130-c981a5d2: attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has no parameter for a logits softcap'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'causal alibi+causal causal+fp8 causal+gqa causal+sinks causal+softcap causal+varlen', 'rejected validated 20261130-db606204: attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache is a decode entry point (one query to...'),
-            ('prefill', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected validated 20261130-db606204: attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache is a decode entry point (one query to...'),
-        ),
-        # TRT-LLM ragged (FlashInfer) on sm_90
-        ('sm_90', 'trtllm_ragged'): (
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-not-hopper-consumer-mla-totals: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected declared trtllm-ragged-no-page-table: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek takes no block table: K/V are packed r...'),
-        ),
-        # vLLM's FlashAttention 2 build on sm_90
-        ('sm_90', 'vllm_fa2'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass declared vllm-fa2-ptx-sm80'),
-            ('prefill decode', 'bfloat16 float16', '192x128 256x64 256x128', 'none causal', 'rejected declared vllm-fa2-diff-headdim-v: v must have shape (total_k, num_heads_k, head_size_og)'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared vllm-fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-        ),
-        # vLLM's FlashAttention 3 build on sm_90
-        ('sm_90', 'vllm_fa3'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64', 'pass declared vllm-fa3-sm90-mla-prefill'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64', 'pass declared vllm-fa3-sm90-mla-prefill'),
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal', 'pass declared vllm-fa3-sm90-mla-prefill-totals'),
-            ('decode', 'bfloat16', '160 192 224', 'none causal sliding_window causal+fp8 causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('decode', 'bfloat16', '192x128', 'none causal sliding_window causal+fp8 causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('decode', 'bfloat16', '256', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap', 'pass validated 20261201-e17eb007'),
-            ('decode', 'bfloat16', '32', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('decode', 'bfloat16', '64 80 96 128', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('decode', 'float16', '160 192 224', 'none causal sliding_window causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('decode', 'float16', '192x128', 'none causal sliding_window causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('decode', 'float16', '256', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap', 'pass validated 20261201-e17eb007'),
-            ('decode', 'float16', '32', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('decode', 'float16', '64 80 96 128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('mla_prefill', 'bfloat16', '128', 'causal+qk_rope:64 causal+fp8+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass validated 20261201-e17eb007'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal+qk_rope:64 causal+fp8+qk_rope:64 causal+qk_rope:64+varlen', 'pass validated 20261201-e17eb007'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:0+softcap', 'pass validated 20261201-e17eb007'),
-            ('mla_prefill', 'float16', '128', 'causal+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass validated 20261201-e17eb007'),
-            ('mla_prefill', 'float16', '192x128', 'causal+qk_rope:64 causal+qk_rope:64+varlen', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'bfloat16', '128', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+sinks causal+softcap', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'bfloat16', '160', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64 causal+sinks causal+softcap', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'bfloat16', '224', 'causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:256 causal+paged_kv:32 causal+sinks', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'bfloat16', '256', 'none sliding_window causal+fp8 causal+gqa causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'bfloat16', '32 64', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'bfloat16', '80', 'none causal sliding_window causal+fp8 causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+sinks causal+softcap', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'bfloat16 float16', '192', 'none causal+paged_kv:16 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'bfloat16 float16', '192x128', 'none causal sliding_window causal+paged_kv:256 causal+paged_kv:32 causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'bfloat16 float16', '96', 'none causal sliding_window causal+gqa causal+paged_kv:256 causal+paged_kv:32 causal+sinks causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'float16', '128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+sinks causal+softcap', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'float16', '160', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64 causal+sinks causal+softcap', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'float16', '224', 'causal causal+gqa causal+paged_kv:128 causal+paged_kv:256 causal+paged_kv:32 causal+sinks', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'float16', '256', 'none sliding_window causal+gqa causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'float16', '32 64', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'pass validated 20261201-e17eb007'),
-            ('prefill', 'float16', '80', 'none causal sliding_window causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+sinks causal+softcap', 'pass validated 20261201-e17eb007'),
-            ('decode', 'bfloat16 float16', '160 192 224', 'causal+gqa', 'pass validated dtype-pairs-20261202'),
-            ('decode', 'bfloat16 float16', '192x128', 'causal+gqa causal+paged_kv:256', 'pass validated dtype-pairs-20261202'),
-            ('decode', 'bfloat16 float16', '256', 'causal+paged_kv:16 causal+varlen', 'pass validated dtype-pairs-20261202'),
-            ('decode', 'bfloat16 float16', '32', 'causal+sinks', 'pass validated dtype-pairs-20261202'),
-            ('mla_prefill', 'bfloat16', '256', 'causal+qk_rope:0 causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass validated dtype-pairs-20261202'),
-            ('mla_prefill', 'bfloat16 float16', '128', 'causal+gqa+qk_rope:64', 'pass validated dtype-pairs-20261202'),
-            ('mla_prefill', 'bfloat16 float16', '192x128', 'causal+gqa+qk_rope:64 causal+qk_rope:64+softcap', 'pass validated dtype-pairs-20261202'),
-            ('mla_prefill', 'float16', '256', 'causal+qk_rope:0 causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16', '192', 'causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:256 causal+sinks', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16', '192x128', 'causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16', '96', 'causal+fp8 causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '128', 'causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+varlen', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '160', 'causal+paged_kv:256 causal+paged_kv:32 causal+varlen', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '224', 'none sliding_window causal+paged_kv:16 causal+paged_kv:64 causal+softcap causal+varlen', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '256', 'causal causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+varlen', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'bfloat16 float16', '80', 'causal+gqa causal+paged_kv:64 causal+varlen', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'float16', '192', 'causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:256 causal+sinks', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'float16', '192x128', 'causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'pass validated dtype-pairs-20261202'),
-            ('prefill', 'float16', '96', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'pass validated dtype-pairs-20261202'),
-            ('mla_prefill', 'float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared vllm-fa3-fp8-writes-bf16: For FP16/BF16 input, output must have the same dtype as inputs. For FP8 input, output must have dtype BF16'),
-            ('mla_prefill', 'float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared vllm-fa3-fp8-writes-bf16: For FP16/BF16 input, output must have the same dtype as inputs. For FP8 input, output must have dtype BF16'),
-            ('prefill decode', 'float16', '32 64 80 96 128 160 192 224 256 192x128', 'causal+fp8', 'rejected declared vllm-fa3-fp8-writes-bf16: For FP16/BF16 input, output must have the same dtype as inputs. For FP8 input, output must have dtype BF16'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected validated 20261201-e17eb007: AssertionError: Alibi is not supported in FA3'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected validated 20261201-e17eb007: AssertionError: Alibi is not supported in FA3'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected validated 20261201-e17eb007: AssertionError: Alibi is not supported in FA3'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected validated 20261201-e17eb007: RuntimeError: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '192x128', 'causal+qk_rope:64+sinks', "rejected validated 20261201-e17eb007: RuntimeError: We don't support S aux with hdim != hdim_v"),
-            ('prefill decode', 'bfloat16 float16', '192x128', 'causal+sinks', "rejected validated 20261201-e17eb007: RuntimeError: We don't support S aux with hdim != hdim_v"),
-        ),
-        # vLLM's FlashAttention 4 copy on sm_90
-        ('sm_90', 'vllm_fa4'): (
-            ('decode', 'bfloat16', '160 224', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'crash validated 20261201-ac4414fe: kernel fault reported after the case: AcceleratorError: CUDA error: an illegal memory access was encountered; its rec...'),
-            ('prefill', 'bfloat16', '160 224', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'crash validated 20261201-ac4414fe: kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered'),
-            ('mla_prefill', 'bfloat16', '128 192x128', 'causal+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass validated 20261201-ac4414fe'),
-            ('mla_prefill', 'bfloat16', '256', 'causal+qk_rope:0 causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass validated 20261201-ac4414fe'),
-            ('prefill decode', 'bfloat16', '160 224', 'none causal sliding_window causal+gqa causal+sinks causal+softcap causal+varlen', 'pass validated 20261201-ac4414fe'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 128 192 256 512 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'pass validated 20261201-ac4414fe'),
-            ('prefill decode', 'bfloat16', '512', 'causal+fp8', 'pass validated validated:sm_90:vllm:0.33.0:2026-12-02'),
-            ('mla_prefill', 'bfloat16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected validated 20261201-ac4414fe: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('mla_prefill', 'bfloat16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected validated 20261201-ac4414fe: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected validated 20261201-ac4414fe: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('prefill decode', 'bfloat16', '160 192', 'causal+fp8', 'rejected validated validated:sm_90:vllm:0.33.0:2026-12-02: AssertionError: FA4 SM90 fp8-KV-dequant requires the paged-KV page_size == tile_n (112); got page_size=64.'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 128 192x128', 'causal+fp8', 'rejected validated validated:sm_90:vllm:0.33.0:2026-12-02: AssertionError: FA4 SM90 fp8-KV-dequant requires the paged-KV page_size == tile_n (128); got page_size=64.'),
-            ('prefill decode', 'bfloat16', '224 256', 'causal+fp8', 'rejected validated validated:sm_90:vllm:0.33.0:2026-12-02: AssertionError: FA4 SM90 fp8-KV-dequant requires the paged-KV page_size == tile_n (80); got page_size=64.'),
-            ('mla_prefill', 'bfloat16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected validated validated:sm_90:vllm:0.33.0:2026-12-02: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected validated validated:sm_90:vllm:0.33.0:2026-12-02: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-        ),
-        # FlashAttention 2 on sm_100
-        ('sm_100', 'fa2'): (
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256 causal+softcap causal+varlen', 'pass declared fa2-blackwell-default-build'),
-            ('mla_prefill', 'bfloat16', '256', 'none causal', 'pass declared fa2-blackwell-glm-mla'),
-            ('prefill decode mla_prefill', 'bfloat16 float16', '192x128', 'none causal', 'rejected declared fa2-diff-headdim-v: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)'),
-            ('prefill decode', 'bfloat16 float16', '128', 'causal+fp8', 'rejected declared fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'rejected declared fa2-paged-block-not-256: Paged KV cache block size must be divisible by 256'),
-        ),
-        # FlashAttention 3 on sm_100
-        ('sm_100', 'fa3'): (
-            ('mla_prefill', 'bfloat16', '192x128', 'causal', 'rejected declared fa3-blackwell-mla-diff-v: Only Hopper supports different V headdim'),
-            ('mla_prefill', 'bfloat16', '256', 'causal', 'rejected declared fa3-blackwell-no-kernel-image: no kernel image for compute capability 10.x: hopper/setup.py compiles the SM90 kernels for sm_90a only (no message of...'),
-        ),
-        # FlashAttention 4 on sm_100
-        ('sm_100', 'fa4'): (
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'causal causal+gqa causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 256 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'none', 'pass declared fa4-mla-prefill-dims'),
-            ('prefill decode', 'bfloat16 float16', '512', 'sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError (no message) at flash_attn/cute/flash_fwd_sm100.py:368: assert self.tmem_total <= self.tmem_alloc_cols'),
-            ('prefill decode', 'bfloat16 float16', '160', 'sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16 float16', '192', 'sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16 float16', '224', 'sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'alibi+causal', 'rejected compiled xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'causal+fp8', 'rejected declared fa4-fp8-public-api-no-descales-mla-totals: attnmatrix: the API cannot express this case: flash_attn.cute.flash_attn_func/flash_attn_varlen_func have no q_descal...'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared fa4-fp8-public-api-no-descales: attnmatrix: the API cannot express this case: flash_attn.cute.flash_attn_func/flash_attn_varlen_func have no q_descal...'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared fa4-fp8-public-api-no-descales: attnmatrix: the API cannot express this case: flash_attn.cute.flash_attn_func/flash_attn_varlen_func have no q_descal...'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared fa4-fp8-public-api-no-descales: attnmatrix: the API cannot express this case: flash_attn.cute.flash_attn_func/flash_attn_varlen_func have no q_descal...'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared fa4-sm100-dense-512: assert self.tmem_total <= self.tmem_alloc_cols (AssertionError without message)'),
-            ('prefill decode', 'bfloat16 float16', '160 192 224', 'none causal', 'rejected declared fa4-sm100-headdims-gt128: (head_dim, head_dim_v)=({d}, {d}) is not supported on SM100/SM110. head_dim and head_dim_v must be between 8 and 128...'),
-        ),
-        # FlashInfer on sm_100
-        ('sm_100', 'flashinfer'): (
-            ('mla_prefill', 'bfloat16', '256 192x128', 'none causal', 'pass declared flashinfer-blackwell-mla'),
-        ),
-        # FlashInfer (cutlass kernels) on sm_100
-        ('sm_100', 'flashinfer_cutlass'): (
-            ('mla_prefill', 'bfloat16', '192x128', 'causal+qk_rope:64', 'pass declared flashinfer-cutlass-vllm-mla-prefill'),
-        ),
-        # PyTorch SDPA cuDNN on sm_100
-        ('sm_100', 'sdpa_cudnn'): (
-            ('mla_prefill', 'bfloat16', '192x128', 'none causal', 'pass declared sdpa-cudnn-blackwell-deepseek'),
-            ('mla_prefill', 'bfloat16', '256', 'causal', 'rejected declared sdpa-cudnn-blackwell-hd256: head_dim should be no more than 128'),
-        ),
-        # PyTorch SDPA mem-efficient on sm_100
-        ('sm_100', 'sdpa_efficient'): (
-            ('mla_prefill', 'bfloat16', '256 192x128', 'none causal', 'pass declared sdpa-efficient-blackwell-mla'),
-        ),
-        # PyTorch SDPA flash on sm_100
-        ('sm_100', 'sdpa_flash'): (
-            ('mla_prefill', 'bfloat16', '256', 'none causal', 'pass declared sdpa-flash-blackwell-glm-mla'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal', 'rejected declared sdpa-flash-blackwell-mla-diff-v: Flash attention requires q,k,v to have the same last dimension and to be less than or equal to 256. Got Query.size(-1...'),
-        ),
-        # PyTorch SDPA math on sm_100
-        ('sm_100', 'sdpa_math'): (
-            ('mla_prefill', 'bfloat16', '256 192x128', 'none causal', 'pass declared sdpa-math-blackwell-mla'),
-        ),
-        # TRT-LLM context (FlashInfer) on sm_100
-        ('sm_100', 'trtllm_context'): (
-            ('prefill', 'bfloat16 float16', '80', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-blackwell-context-head-80: [Context] Head size 80 is not supported.'),
-            ('prefill', 'bfloat16 float16', '128', 'alibi+causal', 'rejected declared trtllm-gen-blackwell-no-alibi: [Context] ALiBi is not supported.'),
-            ('decode', 'bfloat16', '64 80 128 256', 'causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('mla_prefill', 'bfloat16', '192x128', 'none causal causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill', 'bfloat16', '64 128 256', 'causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill decode', 'bfloat16', '32 96 160 192 224 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill decode', 'bfloat16', '512', 'sliding_window causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'bfloat16', '32 80 96 160 192 224 192x128', 'causal+fp8', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal+fp8', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill', 'bfloat16', '32 96 160 192 224 192x128', 'causal+fp8', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'float16', '32 80 96 160 192 224 192x128', 'causal+fp8', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('mla_prefill', 'float16', '192x128', 'causal+fp8', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill', 'float16', '32 96 160 192 224 192x128', 'causal+fp8', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'float16', '64 80 128 256', 'causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('mla_prefill', 'float16', '192x128', 'none causal causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill', 'float16', '64 128 256', 'causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill decode', 'float16', '32 96 160 192 224 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill decode', 'float16', '512', 'sliding_window causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'bfloat16 float16', '80', 'none causal sliding_window causal+gqa causal+paged_kv:16 causal+paged_kv:64 causal+sinks causal+varlen', 'shipped shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'none causal causal+fp8 causal+gqa causal+sinks causal+varlen', 'shipped shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal causal+fp8 causal+gqa causal+paged_kv:16 causal+paged_kv:64 causal+sinks causal+varlen', 'shipped shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:16 causal+paged_kv:64 causal+sinks causal+varlen', 'shipped shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
-        ),
-        # TRT-LLM decode / XQA (FlashInfer) on sm_100
-        ('sm_100', 'trtllm_decode'): (
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal', 'rejected declared trtllm-decode-not-prefill: trtllm_batch_decode_with_kv_cache is a decode entry point (one query token per sequence, or a speculative draft); a m...'),
-            ('decode', 'bfloat16 float16', '128', 'alibi+causal', 'rejected declared trtllm-gen-blackwell-decode-no-alibi: [Generation] ALiBi is not supported.'),
-            ('decode', 'bfloat16', '32 80 96 160 192 224', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'bfloat16', '64 128 256 512', 'causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'bfloat16', '32 80 96 160 192 224', 'causal+fp8', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'float16', '32 80 96 160 192 224', 'causal+fp8', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'float16', '32 80 96 160 192 224', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'float16', '64 128 256 512', 'causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'bfloat16 float16', '64 128 256 512', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:16 causal+paged_kv:64 causal+sinks causal+varlen', 'shipped shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
-        ),
-        # TRT-LLM ragged (FlashInfer) on sm_100
-        ('sm_100', 'trtllm_ragged'): (
-            ('mla_prefill', 'bfloat16', '192x128', 'causal+fp8', 'pass declared trtllm-ragged-fp8'),
-            ('prefill mla_prefill', 'bfloat16', '128 256 192x128', 'none causal causal+varlen', 'pass declared trtllm-ragged-mla-dims'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected declared trtllm-ragged-no-alibi: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no parameter for ALiBi slopes'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected declared trtllm-ragged-no-alibi: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no parameter for ALiBi slopes'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected declared trtllm-ragged-no-alibi: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no parameter for ALiBi slopes'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected declared trtllm-ragged-no-page-table: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek takes no block table: K/V are packed r...'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+softcap', 'rejected declared trtllm-ragged-no-softcap: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no parameter for a logits softcap'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+softcap causal+qk_rope:64+softcap', 'rejected declared trtllm-ragged-no-softcap: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no parameter for a logits softcap'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+softcap', 'rejected declared trtllm-ragged-no-softcap: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no parameter for a logits softcap'),
-            ('prefill', 'bfloat16 float16', '32 64 80 96 160 192 224 512', 'none causal', 'rejected declared trtllm-ragged-other-dims: Unsupported head dimensions: query={d}, key={d}, value={d}. Supported: (192, 192, 128) for DeepSeek-R1, (128, 128, 12...'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 causal+qk_rope:0 causal+fp8+qk_rope:0 causal+gqa+qk_rope:0 causal+qk_rope:0+varlen', 'rejected declared vllm-trtllm-ragged-mla-dims-256-0-256: Model does not have supported MLA dimensions (got (qk_nope_head_dim=256, qk_rope_head_dim=0, v_head_dim=256); support...'),
-            ('mla_prefill', 'bfloat16 float16', '128', 'qk_rope:64 causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+varlen', 'rejected declared vllm-trtllm-ragged-mla-dims-64-64-128: Model does not have supported MLA dimensions (got (qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=128); support...'),
-            ('decode', 'bfloat16', '32 64 80 96 160 192 224 512', 'none causal sliding_window causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill', 'bfloat16', '32 64 80 96 160 192 224 512', 'sliding_window causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill decode', 'bfloat16', '128 256 192x128', 'sliding_window', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 160 192 224 512', 'causal+fp8', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, qkvLayout=SeparateQkv, ker...'),
-            ('mla_prefill', 'float16', '256 192x128', 'causal+fp8', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill decode', 'float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('decode', 'float16', '32 64 80 96 160 192 224 256 512 192x128', 'none causal sliding_window causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('mla_prefill', 'float16', '256 192x128', 'none causal causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill', 'float16', '256 192x128', 'none causal sliding_window causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill', 'float16', '32 64 80 96 160 192 224 512', 'sliding_window causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill decode', 'float16', '128', 'causal sliding_window causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('decode', 'bfloat16', '128 256 192x128', 'none causal causal+fp8 causal+gqa causal+sinks causal+varlen', 'shipped shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal+gqa causal+sinks', 'shipped shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('mla_prefill', 'bfloat16', '256', 'causal+fp8 causal+gqa causal+sinks', 'shipped shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('prefill', 'bfloat16', '128 256 192x128', 'causal+fp8 causal+gqa causal+sinks', 'shipped shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('prefill decode', 'float16', '128', 'none', 'shipped shipped shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
-        ),
-        # vLLM's FlashAttention 2 build on sm_100
-        ('sm_100', 'vllm_fa2'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass declared vllm-fa2-ptx-sm80'),
-            ('prefill decode', 'bfloat16 float16', '192x128 256x64 256x128', 'none causal', 'rejected declared vllm-fa2-diff-headdim-v: v must have shape (total_k, num_heads_k, head_size_og)'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared vllm-fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-        ),
-        # vLLM's FlashAttention 3 build on sm_100
-        ('sm_100', 'vllm_fa3'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-        ),
-        # vLLM's FlashAttention 4 copy on sm_100
-        ('sm_100', 'vllm_fa4'): (
-            ('mla_prefill', 'bfloat16', '128 192x128', 'causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'compiled compiled 20261201-4386faee'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0 causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+varlen causal+qk_rope:64+varlen', 'compiled compiled 20261201-4386faee'),
-            ('mla_prefill', 'float16', '128 192x128', 'causal+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'compiled compiled 20261201-4386faee'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 192x128', 'causal+paged_kv:32', 'compiled compiled 20261201-a30ee74e'),
-            ('prefill decode', 'float16', '256', 'none causal sliding_window causal+paged_kv:128 causal+paged_kv:256', 'compiled compiled 20261202-1a30541c'),
-            ('prefill decode', 'bfloat16', '256', 'none causal sliding_window causal+paged_kv:128 causal+paged_kv:256', 'compiled compiled 20261202-ffaa780d'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal causal+fp8 causal+gqa causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal causal+gqa causal+varlen', 'compiled compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
-            ('mla_prefill', 'float16', '192x128', 'causal causal+gqa causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
-            ('prefill decode', 'bfloat16', '32 64 96 128 192x128', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
-            ('prefill decode', 'bfloat16', '80', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
-            ('prefill decode', 'bfloat16 float16', '256', 'causal+gqa causal+varlen', 'compiled compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
-            ('prefill decode', 'float16', '32 64 80 96 128 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
-            ('mla_prefill', 'bfloat16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected compiled 20261201-4386faee: AssertionError: SM100 forward with head_dim=256 does not support descale_tensors'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected compiled 20261201-4386faee: AssertionError: SM100 forward with head_dim=256 does not support learnable_sink'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+softcap causal+qk_rope:64+softcap', 'rejected compiled 20261201-4386faee: AssertionError: SM100 forward with head_dim=256 does not support softcap'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected compiled 20261201-4386faee: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected compiled 20261201-4386faee: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('prefill', 'bfloat16 float16', '512', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert self.tmem_total <= self.tmem_...'),
-            ('prefill decode', 'bfloat16 float16', '160', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16 float16', '192', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16 float16', '224', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('decode', 'bfloat16 float16', '512', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError: SplitKV is not supported for hdim >= 192'),
-            ('prefill decode', 'float16', '256', 'causal+paged_kv:16 causal+paged_kv:32 causal+paged_kv:64', 'rejected compiled 20261202-1a30541c: AssertionError: SM100 hd256 2CTA supports TMA paged KV only (page_size must equal tile_n=128)'),
-            ('prefill decode', 'bfloat16', '256', 'causal+paged_kv:16 causal+paged_kv:32 causal+paged_kv:64', 'rejected compiled 20261202-ffaa780d: AssertionError: SM100 hd256 2CTA supports TMA paged KV only (page_size must equal tile_n=128)'),
-            ('prefill', 'bfloat16', '512', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert self.tmem_total <= self.tmem_...'),
-            ('prefill', 'float16', '512', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert self.tmem_total <= self.tmem_...'),
-            ('prefill decode', 'bfloat16', '160', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'float16', '160', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16', '192', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'float16', '192', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16', '224', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'float16', '224', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError: SM100 forward with head_dim=256 does not support descale_tensors'),
-            ('prefill decode', 'bfloat16', '256', 'causal+fp8', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError: SM100 forward with head_dim=256 does not support descale_tensors'),
-            ('prefill decode mla_prefill', 'bfloat16 float16', '256', 'causal+sinks', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError: SM100 forward with head_dim=256 does not support learnable_sink'),
-            ('prefill decode mla_prefill', 'bfloat16 float16', '256', 'causal+softcap', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError: SM100 forward with head_dim=256 does not support softcap'),
-            ('decode', 'bfloat16', '512', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError: SplitKV is not supported for hdim >= 192'),
-            ('decode', 'float16', '512', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: AssertionError: SplitKV is not supported for hdim >= 192'),
-            ('prefill decode', 'bfloat16', '80', 'causal+fp8', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: MLIRError: Operation creation failed:'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'alibi+causal', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected compiled xcompile:sm_100a:vllm:0.33.0:2026-12-01: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('mla_prefill', 'float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared vllm-fa4-fp8-writes-bf16: out dtype torch.float16 != expected torch.bfloat16'),
-            ('mla_prefill', 'float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared vllm-fa4-fp8-writes-bf16: out dtype torch.float16 != expected torch.bfloat16'),
-            ('prefill decode', 'float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared vllm-fa4-fp8-writes-bf16: out dtype torch.float16 != expected torch.bfloat16'),
-        ),
-        # FlashAttention 2 on sm_103
-        ('sm_103', 'fa2'): (
-            ('mla_prefill', 'bfloat16', '256', 'none causal', 'pass declared fa2-blackwell-glm-mla'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256 causal+softcap causal+varlen', 'pass declared fa2-sm103-runs-sm100-code'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-        ),
-        # FlashAttention 3 on sm_103
-        ('sm_103', 'fa3'): (
-            ('mla_prefill', 'bfloat16', '192x128', 'causal', 'rejected declared fa3-blackwell-mla-diff-v: Only Hopper supports different V headdim'),
-            ('mla_prefill', 'bfloat16', '256', 'causal', 'rejected declared fa3-blackwell-no-kernel-image: no kernel image for compute capability 10.x: hopper/setup.py compiles the SM90 kernels for sm_90a only (no message of...'),
-        ),
-        # FlashAttention 4 on sm_103
-        ('sm_103', 'fa4'): (
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal causal+gqa causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 128 256 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'none', 'pass declared fa4-mla-prefill-dims'),
-            ('mla_prefill', 'float16', '256 192x128', 'none causal causal+varlen', 'pass declared fa4-mla-prefill-dims'),
-            ('prefill decode', 'float16', '32 64 80 96 128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'pass declared fa4-sm100-headdims-le128'),
-            ('prefill decode', 'float16', '256 192x128', 'none causal causal+gqa causal+varlen', 'pass declared fa4-sm100-mla-and-hd256'),
-            ('prefill decode', 'bfloat16', '512', 'sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError (no message) at flash_attn/cute/flash_fwd_sm100.py:368: assert self.tmem_total <= self.tmem_alloc_cols'),
-            ('prefill decode', 'bfloat16', '160', 'sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16', '192', 'sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16', '224', 'sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'alibi+causal', 'rejected compiled xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'causal+fp8', 'rejected declared fa4-fp8-public-api-no-descales-mla-totals: attnmatrix: the API cannot express this case: flash_attn.cute.flash_attn_func/flash_attn_varlen_func have no q_descal...'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared fa4-fp8-public-api-no-descales: attnmatrix: the API cannot express this case: flash_attn.cute.flash_attn_func/flash_attn_varlen_func have no q_descal...'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared fa4-fp8-public-api-no-descales: attnmatrix: the API cannot express this case: flash_attn.cute.flash_attn_func/flash_attn_varlen_func have no q_descal...'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared fa4-fp8-public-api-no-descales: attnmatrix: the API cannot express this case: flash_attn.cute.flash_attn_func/flash_attn_varlen_func have no q_descal...'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared fa4-sm100-dense-512: assert self.tmem_total <= self.tmem_alloc_cols (AssertionError without message)'),
-            ('prefill decode', 'bfloat16 float16', '160 192 224', 'none causal', 'rejected declared fa4-sm100-headdims-gt128: (head_dim, head_dim_v)=({d}, {d}) is not supported on SM100/SM110. head_dim and head_dim_v must be between 8 and 128...'),
-        ),
-        # FlashInfer on sm_103
-        ('sm_103', 'flashinfer'): (
-            ('mla_prefill', 'bfloat16', '256 192x128', 'none causal', 'pass declared flashinfer-blackwell-mla'),
-        ),
-        # FlashInfer (cutlass kernels) on sm_103
-        ('sm_103', 'flashinfer_cutlass'): (
-            ('mla_prefill', 'bfloat16', '192x128', 'causal+qk_rope:64', 'pass declared flashinfer-cutlass-vllm-mla-prefill'),
-        ),
-        # PyTorch SDPA cuDNN on sm_103
-        ('sm_103', 'sdpa_cudnn'): (
-            ('mla_prefill', 'bfloat16', '192x128', 'none causal', 'pass declared sdpa-cudnn-blackwell-deepseek'),
-            ('mla_prefill', 'bfloat16', '256', 'causal', 'rejected declared sdpa-cudnn-blackwell-hd256: head_dim should be no more than 128'),
-        ),
-        # PyTorch SDPA mem-efficient on sm_103
-        ('sm_103', 'sdpa_efficient'): (
-            ('mla_prefill', 'bfloat16', '256 192x128', 'none causal', 'pass declared sdpa-efficient-blackwell-mla'),
-        ),
-        # PyTorch SDPA flash on sm_103
-        ('sm_103', 'sdpa_flash'): (
-            ('mla_prefill', 'bfloat16', '256', 'none causal', 'pass declared sdpa-flash-blackwell-glm-mla'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal', 'rejected declared sdpa-flash-blackwell-mla-diff-v: Flash attention requires q,k,v to have the same last dimension and to be less than or equal to 256. Got Query.size(-1...'),
-        ),
-        # PyTorch SDPA math on sm_103
-        ('sm_103', 'sdpa_math'): (
-            ('mla_prefill', 'bfloat16', '256 192x128', 'none causal', 'pass declared sdpa-math-blackwell-mla'),
-        ),
-        # TRT-LLM context (FlashInfer) on sm_103
-        ('sm_103', 'trtllm_context'): (
-            ('prefill', 'bfloat16 float16', '80', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-blackwell-context-head-80: [Context] Head size 80 is not supported.'),
-            ('prefill', 'bfloat16 float16', '128', 'alibi+causal', 'rejected declared trtllm-gen-blackwell-no-alibi: [Context] ALiBi is not supported.'),
-            ('decode', 'bfloat16', '64 80 128 256', 'causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('mla_prefill', 'bfloat16', '192x128', 'none causal causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill', 'bfloat16', '64 128 256', 'causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill decode', 'bfloat16', '32 96 160 192 224 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill decode', 'bfloat16', '512', 'sliding_window causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'bfloat16', '32 80 96 160 192 224 192x128', 'causal+fp8', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal+fp8', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill', 'bfloat16', '32 96 160 192 224 192x128', 'causal+fp8', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'float16', '32 80 96 160 192 224 192x128', 'causal+fp8', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('mla_prefill', 'float16', '192x128', 'causal+fp8', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill', 'float16', '32 96 160 192 224 192x128', 'causal+fp8', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'float16', '64 80 128 256', 'causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('mla_prefill', 'float16', '192x128', 'none causal causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill', 'float16', '64 128 256', 'causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill decode', 'float16', '32 96 160 192 224 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('prefill decode', 'float16', '512', 'sliding_window causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'bfloat16 float16', '80', 'none causal sliding_window causal+gqa causal+paged_kv:16 causal+paged_kv:64 causal+sinks causal+varlen', 'shipped shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'none causal causal+fp8 causal+gqa causal+sinks causal+varlen', 'shipped shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal causal+fp8 causal+gqa causal+paged_kv:16 causal+paged_kv:64 causal+sinks causal+varlen', 'shipped shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:16 causal+paged_kv:64 causal+sinks causal+varlen', 'shipped shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
-        ),
-        # TRT-LLM decode / XQA (FlashInfer) on sm_103
-        ('sm_103', 'trtllm_decode'): (
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal', 'rejected declared trtllm-decode-not-prefill: trtllm_batch_decode_with_kv_cache is a decode entry point (one query token per sequence, or a speculative draft); a m...'),
-            ('decode', 'bfloat16 float16', '128', 'alibi+causal', 'rejected declared trtllm-gen-blackwell-decode-no-alibi: [Generation] ALiBi is not supported.'),
-            ('decode', 'bfloat16', '32 80 96 160 192 224', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'bfloat16', '64 128 256 512', 'causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'bfloat16', '32 80 96 160 192 224', 'causal+fp8', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'float16', '32 80 96 160 192 224', 'causal+fp8', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'float16', '32 80 96 160 192 224', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'float16', '64 128 256 512', 'causal+paged_kv:128 causal+paged_kv:256', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=PagedKv, kernelT...'),
-            ('decode', 'bfloat16 float16', '64 128 256 512', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:16 causal+paged_kv:64 causal+sinks causal+varlen', 'shipped shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
-        ),
-        # TRT-LLM ragged (FlashInfer) on sm_103
-        ('sm_103', 'trtllm_ragged'): (
-            ('mla_prefill', 'bfloat16', '192x128', 'causal+fp8', 'pass declared trtllm-ragged-fp8'),
-            ('prefill mla_prefill', 'bfloat16', '128 256 192x128', 'none causal causal+varlen', 'pass declared trtllm-ragged-mla-dims'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected declared trtllm-ragged-no-alibi: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no parameter for ALiBi slopes'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected declared trtllm-ragged-no-alibi: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no parameter for ALiBi slopes'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected declared trtllm-ragged-no-alibi: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no parameter for ALiBi slopes'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected declared trtllm-ragged-no-page-table: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek takes no block table: K/V are packed r...'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+softcap', 'rejected declared trtllm-ragged-no-softcap: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no parameter for a logits softcap'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+softcap causal+qk_rope:64+softcap', 'rejected declared trtllm-ragged-no-softcap: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no parameter for a logits softcap'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+softcap', 'rejected declared trtllm-ragged-no-softcap: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no parameter for a logits softcap'),
-            ('prefill', 'bfloat16 float16', '32 64 80 96 160 192 224 512', 'none causal', 'rejected declared trtllm-ragged-other-dims: Unsupported head dimensions: query={d}, key={d}, value={d}. Supported: (192, 192, 128) for DeepSeek-R1, (128, 128, 12...'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 causal+qk_rope:0 causal+fp8+qk_rope:0 causal+gqa+qk_rope:0 causal+qk_rope:0+varlen', 'rejected declared vllm-trtllm-ragged-mla-dims-256-0-256: Model does not have supported MLA dimensions (got (qk_nope_head_dim=256, qk_rope_head_dim=0, v_head_dim=256); support...'),
-            ('mla_prefill', 'bfloat16 float16', '128', 'qk_rope:64 causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+varlen', 'rejected declared vllm-trtllm-ragged-mla-dims-64-64-128: Model does not have supported MLA dimensions (got (qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=128); support...'),
-            ('decode', 'bfloat16', '32 64 80 96 160 192 224 512', 'none causal sliding_window causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill', 'bfloat16', '32 64 80 96 160 192 224 512', 'sliding_window causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill decode', 'bfloat16', '128 256 192x128', 'sliding_window', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 160 192 224 512', 'causal+fp8', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, qkvLayout=SeparateQkv, ker...'),
-            ('mla_prefill', 'float16', '256 192x128', 'causal+fp8', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill decode', 'float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('decode', 'float16', '32 64 80 96 160 192 224 256 512 192x128', 'none causal sliding_window causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('mla_prefill', 'float16', '256 192x128', 'none causal causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill', 'float16', '256 192x128', 'none causal sliding_window causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill', 'float16', '32 64 80 96 160 192 224 512', 'sliding_window causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('prefill decode', 'float16', '128', 'causal sliding_window causal+gqa causal+sinks causal+varlen', 'rejected shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24: Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, qkvLayout=SeparateQkv, ker...'),
-            ('decode', 'bfloat16', '128 256 192x128', 'none causal causal+fp8 causal+gqa causal+sinks causal+varlen', 'shipped shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal+gqa causal+sinks', 'shipped shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('mla_prefill', 'bfloat16', '256', 'causal+fp8 causal+gqa causal+sinks', 'shipped shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('prefill', 'bfloat16', '128 256 192x128', 'causal+fp8 causal+gqa causal+sinks', 'shipped shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
-            ('prefill decode', 'float16', '128', 'none', 'shipped shipped shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
-        ),
-        # vLLM's FlashAttention 2 build on sm_103
-        ('sm_103', 'vllm_fa2'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass declared vllm-fa2-ptx-sm80'),
-            ('prefill decode', 'bfloat16 float16', '192x128 256x64 256x128', 'none causal', 'rejected declared vllm-fa2-diff-headdim-v: v must have shape (total_k, num_heads_k, head_size_og)'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared vllm-fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-        ),
-        # vLLM's FlashAttention 3 build on sm_103
-        ('sm_103', 'vllm_fa3'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-        ),
-        # vLLM's FlashAttention 4 copy on sm_103
-        ('sm_103', 'vllm_fa4'): (
-            ('mla_prefill', 'bfloat16', '128 192x128', 'causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'compiled compiled 20261201-4386faee'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0 causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+varlen causal+qk_rope:64+varlen', 'compiled compiled 20261201-4386faee'),
-            ('mla_prefill', 'float16', '128 192x128', 'causal+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'compiled compiled 20261201-4386faee'),
-            ('decode', 'bfloat16', '64', 'sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled 20261201-5a72990e'),
-            ('mla_prefill', 'bfloat16', '192x128', 'causal causal+fp8 causal+gqa causal+sinks causal+softcap causal+varlen', 'compiled compiled 20261201-5a72990e'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal causal+gqa causal+varlen', 'compiled compiled 20261201-5a72990e'),
-            ('mla_prefill', 'float16', '192x128', 'causal causal+gqa causal+sinks causal+softcap causal+varlen', 'compiled compiled 20261201-5a72990e'),
-            ('prefill', 'bfloat16', '64', 'causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled 20261201-5a72990e'),
-            ('prefill decode', 'bfloat16', '80', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled 20261201-5a72990e'),
-            ('prefill decode', 'bfloat16', '96 128 192x128', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled 20261201-5a72990e'),
-            ('prefill decode', 'bfloat16 float16', '256', 'causal+gqa causal+varlen', 'compiled compiled 20261201-5a72990e'),
-            ('prefill decode', 'float16', '64 80 96 128 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled 20261201-5a72990e'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 192x128', 'causal+paged_kv:32', 'compiled compiled 20261201-a30ee74e'),
-            ('prefill decode', 'float16', '256', 'none causal sliding_window causal+paged_kv:128 causal+paged_kv:256', 'compiled compiled 20261202-1a30541c'),
-            ('prefill decode', 'bfloat16', '256', 'none causal sliding_window causal+paged_kv:128 causal+paged_kv:256', 'compiled compiled 20261202-ffaa780d'),
-            ('decode', 'bfloat16', '64', 'none causal', 'compiled compiled xcompile:sm_103a:vllm:0.33.0:2026-12-01'),
-            ('prefill', 'bfloat16', '64', 'none causal sliding_window', 'compiled compiled xcompile:sm_103a:vllm:0.33.0:2026-12-01'),
-            ('prefill decode', 'bfloat16', '32', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_103a:vllm:0.33.0:2026-12-01'),
-            ('prefill decode', 'float16', '32', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_103a:vllm:0.33.0:2026-12-01'),
-            ('mla_prefill', 'bfloat16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected compiled 20261201-4386faee: AssertionError: SM100 forward with head_dim=256 does not support descale_tensors'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected compiled 20261201-4386faee: AssertionError: SM100 forward with head_dim=256 does not support learnable_sink'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+softcap causal+qk_rope:64+softcap', 'rejected compiled 20261201-4386faee: AssertionError: SM100 forward with head_dim=256 does not support softcap'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected compiled 20261201-4386faee: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected compiled 20261201-4386faee: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('prefill', 'bfloat16', '512', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-5a72990e: AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert self.tmem_total <= self.tmem_...'),
-            ('prefill', 'float16', '512', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-5a72990e: AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert self.tmem_total <= self.tmem_...'),
-            ('prefill decode', 'bfloat16', '160', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-5a72990e: AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'float16', '160', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-5a72990e: AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16', '192', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-5a72990e: AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'float16', '192', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-5a72990e: AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16', '224', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-5a72990e: AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'float16', '224', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-5a72990e: AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8', 'rejected compiled 20261201-5a72990e: AssertionError: SM100 forward with head_dim=256 does not support descale_tensors'),
-            ('prefill decode', 'bfloat16', '256', 'causal+fp8', 'rejected compiled 20261201-5a72990e: AssertionError: SM100 forward with head_dim=256 does not support descale_tensors'),
-            ('prefill decode mla_prefill', 'bfloat16 float16', '256', 'causal+sinks', 'rejected compiled 20261201-5a72990e: AssertionError: SM100 forward with head_dim=256 does not support learnable_sink'),
-            ('prefill decode mla_prefill', 'bfloat16 float16', '256', 'causal+softcap', 'rejected compiled 20261201-5a72990e: AssertionError: SM100 forward with head_dim=256 does not support softcap'),
-            ('decode', 'bfloat16', '512', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-5a72990e: AssertionError: SplitKV is not supported for hdim >= 192'),
-            ('decode', 'float16', '512', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-5a72990e: AssertionError: SplitKV is not supported for hdim >= 192'),
-            ('prefill decode', 'bfloat16', '80', 'causal+fp8', 'rejected compiled 20261201-5a72990e: MLIRError: Operation creation failed:'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'alibi+causal', 'rejected compiled 20261201-5a72990e: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('prefill decode', 'bfloat16 float16', '64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected compiled 20261201-5a72990e: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('prefill', 'bfloat16 float16', '512', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert self.tmem_total <= self.tmem_...'),
-            ('prefill decode', 'bfloat16 float16', '160', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16 float16', '192', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16 float16', '224', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('decode', 'bfloat16 float16', '512', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError: SplitKV is not supported for hdim >= 192'),
-            ('prefill decode', 'float16', '256', 'causal+paged_kv:16 causal+paged_kv:32 causal+paged_kv:64', 'rejected compiled 20261202-1a30541c: AssertionError: SM100 hd256 2CTA supports TMA paged KV only (page_size must equal tile_n=128)'),
-            ('prefill decode', 'bfloat16', '256', 'causal+paged_kv:16 causal+paged_kv:32 causal+paged_kv:64', 'rejected compiled 20261202-ffaa780d: AssertionError: SM100 hd256 2CTA supports TMA paged KV only (page_size must equal tile_n=128)'),
-            ('prefill decode', 'bfloat16 float16', '32', 'alibi+causal', 'rejected compiled xcompile:sm_103a:vllm:0.33.0:2026-12-01: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('mla_prefill', 'float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared vllm-fa4-fp8-writes-bf16: out dtype torch.float16 != expected torch.bfloat16'),
-            ('mla_prefill', 'float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared vllm-fa4-fp8-writes-bf16: out dtype torch.float16 != expected torch.bfloat16'),
-            ('prefill decode', 'float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared vllm-fa4-fp8-writes-bf16: out dtype torch.float16 != expected torch.bfloat16'),
-        ),
-        # FlashAttention 2 on sm_110
-        ('sm_110', 'fa2'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared fa2-sm110-no-kernel-image: no kernel image is available for execution on the device'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared fa2-sm110-no-kernel-image: no kernel image is available for execution on the device'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared fa2-sm110-no-kernel-image: no kernel image is available for execution on the device'),
-        ),
-        # FlashAttention 4 on sm_110
-        ('sm_110', 'fa4'): (
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal causal+gqa causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 128 256 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'none', 'pass declared fa4-mla-prefill-dims'),
-            ('mla_prefill', 'float16', '256 192x128', 'none causal causal+varlen', 'pass declared fa4-mla-prefill-dims'),
-            ('prefill decode', 'float16', '32 64 80 96 128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'pass declared fa4-sm100-headdims-le128'),
-            ('prefill decode', 'float16', '256 192x128', 'none causal causal+gqa causal+varlen', 'pass declared fa4-sm100-mla-and-hd256'),
-            ('prefill decode', 'bfloat16', '512', 'sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError (no message) at flash_attn/cute/flash_fwd_sm100.py:368: assert self.tmem_total <= self.tmem_alloc_cols'),
-            ('prefill decode', 'bfloat16', '160', 'sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16', '192', 'sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16', '224', 'sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal+fp8', 'rejected compiled xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 256 512 192x128', 'causal+fp8', 'rejected compiled xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'alibi+causal', 'rejected compiled xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('prefill decode', 'bfloat16 float16', '128', 'causal+fp8', 'rejected declared fa4-fp8-sm100-only: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared fa4-sm100-dense-512: assert self.tmem_total <= self.tmem_alloc_cols (AssertionError without message)'),
-            ('prefill decode', 'bfloat16 float16', '160 192 224', 'none causal', 'rejected declared fa4-sm100-headdims-gt128: (head_dim, head_dim_v)=({d}, {d}) is not supported on SM100/SM110. head_dim and head_dim_v must be between 8 and 128...'),
-        ),
-        # FlashInfer (cutlass kernels) on sm_110
-        ('sm_110', 'flashinfer_cutlass'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64', "rejected declared flashinfer-cutlass-not-hopper: vLLM's FLASHINFER MLA prefill supports compute capability major 10 only"),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0 causal+qk_rope:64', "rejected declared flashinfer-cutlass-not-hopper: vLLM's FLASHINFER MLA prefill supports compute capability major 10 only"),
-        ),
-        # TRT-LLM context (FlashInfer) on sm_110
-        ('sm_110', 'trtllm_context'): (
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-context-not-hopper-consumer-mla-totals: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-        ),
-        # TRT-LLM decode / XQA (FlashInfer) on sm_110
-        ('sm_110', 'trtllm_decode'): (
-            ('decode', 'bfloat16 float16', '128', 'causal+paged_kv:16 causal+paged_kv:64', 'rejected declared trtllm-decode-xqa-unsupported-arch: XQA is only supported on SM90, SM100, SM120/SM121 GPUs'),
-        ),
-        # TRT-LLM ragged (FlashInfer) on sm_110
-        ('sm_110', 'trtllm_ragged'): (
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-not-hopper-consumer-mla-totals: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected declared trtllm-ragged-no-page-table: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek takes no block table: K/V are packed r...'),
-        ),
-        # vLLM's FlashAttention 2 build on sm_110
-        ('sm_110', 'vllm_fa2'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass declared vllm-fa2-ptx-sm80'),
-            ('prefill decode', 'bfloat16 float16', '192x128 256x64 256x128', 'none causal', 'rejected declared vllm-fa2-diff-headdim-v: v must have shape (total_k, num_heads_k, head_size_og)'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared vllm-fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-        ),
-        # vLLM's FlashAttention 3 build on sm_110
-        ('sm_110', 'vllm_fa3'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-        ),
-        # vLLM's FlashAttention 4 copy on sm_110
-        ('sm_110', 'vllm_fa4'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'compiled compiled 20261201-4386faee'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0 causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+varlen causal+qk_rope:64+varlen', 'compiled compiled 20261201-4386faee'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 192x128', 'causal+paged_kv:32', 'compiled compiled 20261201-a30ee74e'),
-            ('mla_prefill', 'bfloat16 float16', '192x128', 'causal causal+gqa causal+sinks causal+softcap causal+varlen', 'compiled compiled 20261201-ddcd6f81'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal causal+gqa causal+varlen', 'compiled compiled 20261201-ddcd6f81'),
-            ('prefill decode', 'bfloat16 float16', '256', 'none causal causal+gqa causal+paged_kv:128 causal+varlen', 'compiled compiled 20261201-ddcd6f81'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 192x128', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'compiled compiled 20261201-ddcd6f81'),
-            ('mla_prefill', 'bfloat16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected compiled 20261201-4386faee: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected compiled 20261201-4386faee: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected compiled 20261201-4386faee: AssertionError: SM100 forward with head_dim=256 does not support learnable_sink'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+softcap causal+qk_rope:64+softcap', 'rejected compiled 20261201-4386faee: AssertionError: SM100 forward with head_dim=256 does not support softcap'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected compiled 20261201-4386faee: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected compiled 20261201-4386faee: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('prefill decode', 'bfloat16 float16', '512', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert self.tmem_total <= self.tmem_...'),
-            ('prefill decode', 'bfloat16 float16', '160', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16 float16', '192', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16 float16', '224', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16 float16', '256', 'causal+paged_kv:32', 'rejected compiled 20261201-a30ee74e: AssertionError: SM100 hd256 2CTA supports TMA paged KV only (page_size must equal tile_n=128)'),
-            ('decode', 'bfloat16 float16', '512', 'none causal sliding_window causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-ddcd6f81: AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert self.tmem_total <= self.tmem_...'),
-            ('prefill', 'bfloat16 float16', '512', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-ddcd6f81: AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert self.tmem_total <= self.tmem_...'),
-            ('prefill decode', 'bfloat16', '160', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-ddcd6f81: AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'float16', '160', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-ddcd6f81: AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16', '192', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-ddcd6f81: AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'float16', '192', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-ddcd6f81: AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'bfloat16', '224', 'none causal sliding_window causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-ddcd6f81: AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('prefill decode', 'float16', '224', 'none causal sliding_window causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected compiled 20261201-ddcd6f81: AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim and head_dim_v must be be...'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'causal+fp8', 'rejected compiled 20261201-ddcd6f81: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 128 256 512 192x128', 'causal+fp8', 'rejected compiled 20261201-ddcd6f81: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('prefill decode mla_prefill', 'bfloat16 float16', '256', 'causal+sinks', 'rejected compiled 20261201-ddcd6f81: AssertionError: SM100 forward with head_dim=256 does not support learnable_sink'),
-            ('prefill decode', 'bfloat16 float16', '256', 'sliding_window', 'rejected compiled 20261201-ddcd6f81: AssertionError: SM100 forward with head_dim=256 does not support local attention without seqused_q/seqused_k'),
-            ('prefill decode mla_prefill', 'bfloat16 float16', '256', 'causal+softcap', 'rejected compiled 20261201-ddcd6f81: AssertionError: SM100 forward with head_dim=256 does not support softcap'),
-            ('prefill decode', 'bfloat16 float16', '256', 'causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected compiled 20261201-ddcd6f81: AssertionError: SM100 hd256 2CTA supports TMA paged KV only (page_size must equal tile_n=128)'),
-            ('decode', 'bfloat16 float16', '512', 'causal+gqa', 'rejected compiled 20261201-ddcd6f81: AssertionError: SplitKV is not supported for hdim >= 192'),
-            ('mla_prefill', 'bfloat16 float16', '256 192x128', 'alibi+causal', 'rejected compiled 20261201-ddcd6f81: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected compiled 20261201-ddcd6f81: attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 (vllm/vllm_flash_attn/flash_attn_interf...'),
-            ('mla_prefill', 'float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared vllm-fa4-fp8-writes-bf16: out dtype torch.float16 != expected torch.bfloat16'),
-            ('mla_prefill', 'float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared vllm-fa4-fp8-writes-bf16: out dtype torch.float16 != expected torch.bfloat16'),
-            ('prefill decode', 'float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared vllm-fa4-fp8-writes-bf16: out dtype torch.float16 != expected torch.bfloat16'),
-        ),
-        # FlashAttention 2 on sm_120
-        ('sm_120', 'fa2'): (
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:256 causal+softcap causal+varlen', 'pass declared fa2-blackwell-default-build'),
-            ('prefill decode mla_prefill', 'bfloat16 float16', '192x128', 'none causal', 'rejected declared fa2-diff-headdim-v: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)'),
-            ('prefill decode', 'bfloat16 float16', '128', 'causal+fp8', 'rejected declared fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared fa2-no-sinks: API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)'),
-            ('prefill decode', 'bfloat16 float16', '64 128 256', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'rejected declared fa2-paged-block-not-256: Paged KV cache block size must be divisible by 256'),
-        ),
-        # FlashAttention 4 on sm_120
-        ('sm_120', 'fa4'): (
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal causal+gqa causal+softcap causal+varlen', 'compiled compiled xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window causal+gqa causal+softcap causal+varlen', 'compiled compiled xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal+fp8', 'rejected compiled xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('prefill decode', 'bfloat16', '32 64 80 96 160 192 224 256 512 192x128', 'causal+fp8', 'rejected compiled xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'causal+sinks', 'rejected compiled xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: Learnable sink is not supported in this kernel'),
-            ('prefill decode', 'bfloat16', '32 80 96 160 192 224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected compiled xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30: AssertionError: Paged KV not supported on SM 12.0 in this PR'),
-            ('mla_prefill', 'bfloat16', '256 192x128', 'alibi+causal', 'rejected compiled xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30: attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no alibi_slopes parameter (ALiBi...'),
-            ('prefill decode', 'bfloat16 float16', '128', 'causal+fp8', 'rejected declared fa4-fp8-sm100-only: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'alibi+causal+qk_rope:0 alibi+causal+qk_rope:64', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'alibi+causal', 'rejected declared fa4-no-alibi: API has no alibi_slopes argument'),
-            ('prefill decode', 'bfloat16 float16', '64 128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected declared fa4-sm120-no-paged: Paged KV not supported on SM 12.0 in this PR'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared fa4-sm8x-sm120-no-sinks: Learnable sink is not supported in this kernel'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared fa4-sm8x-sm120-no-sinks: Learnable sink is not supported in this kernel'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared fa4-sm8x-sm120-no-sinks: Learnable sink is not supported in this kernel'),
-        ),
-        # FlashInfer (cutlass kernels) on sm_120
-        ('sm_120', 'flashinfer_cutlass'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64', "rejected declared flashinfer-cutlass-not-hopper: vLLM's FLASHINFER MLA prefill supports compute capability major 10 only"),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0 causal+qk_rope:64', "rejected declared flashinfer-cutlass-not-hopper: vLLM's FLASHINFER MLA prefill supports compute capability major 10 only"),
-        ),
-        # TRT-LLM context (FlashInfer) on sm_120
-        ('sm_120', 'trtllm_context'): (
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-context-not-hopper-consumer-mla-totals: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-context-not-hopper-consumer: Unsupported architecture'),
-        ),
-        # TRT-LLM decode / XQA (FlashInfer) on sm_120
-        ('sm_120', 'trtllm_decode'): (
-            ('decode', 'bfloat16 float16', '64 128 256', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:64', 'pass declared trtllm-decode-xqa-hopper-consumer'),
-            ('decode', 'bfloat16 float16', '64 128 256', 'causal+paged_kv:256', 'rejected declared trtllm-decode-xqa-page-256: Invalid page_size: 256, only 16, 32, 64, 128 are supported'),
-        ),
-        # TRT-LLM ragged (FlashInfer) on sm_120
-        ('sm_120', 'trtllm_ragged'): (
-            ('mla_prefill', 'bfloat16 float16', '128 256 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-not-hopper-consumer-mla-totals: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+sinks causal+softcap causal+varlen', 'rejected declared trtllm-gen-not-hopper-consumer: Unsupported architecture'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:64', 'rejected declared trtllm-ragged-no-page-table: attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek takes no block table: K/V are packed r...'),
-        ),
-        # vLLM's FlashAttention 2 build on sm_120
-        ('sm_120', 'vllm_fa2'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'pass declared vllm-fa2-mla-prefill-padded-v'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256', 'none causal sliding_window alibi+causal causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+softcap causal+varlen', 'pass declared vllm-fa2-ptx-sm80'),
-            ('prefill decode', 'bfloat16 float16', '192x128 256x64 256x128', 'none causal', 'rejected declared vllm-fa2-diff-headdim-v: v must have shape (total_k, num_heads_k, head_size_og)'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+fp8+qk_rope:0 causal+fp8+qk_rope:64', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+fp8', 'rejected declared vllm-fa2-fp8: FlashAttention only support fp16 and bf16 data type'),
-            ('prefill decode', 'bfloat16 float16', '512', 'none causal', 'rejected declared vllm-fa2-headdim-512: FlashAttention forward only supports head dimension at most 256'),
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'causal+qk_rope:0+sinks causal+qk_rope:64+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'causal+sinks', 'rejected declared vllm-fa2-no-sinks: NotImplementedError: FA2 does not support s_aux'),
-        ),
-        # vLLM's FlashAttention 3 build on sm_120
-        ('sm_120', 'vllm_fa3'): (
-            ('mla_prefill', 'bfloat16 float16', '128 192x128', 'qk_rope:64 causal+qk_rope:64 alibi+causal+qk_rope:64 causal+fp8+qk_rope:64 causal+gqa+qk_rope:64 causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('mla_prefill', 'bfloat16 float16', '256', 'qk_rope:0 qk_rope:64 causal+qk_rope:0 causal+qk_rope:64 alibi+causal+qk_rope:0 alibi+causal+qk_rope:64 causal+fp8+qk_rope:0 causal+fp8+qk_rope:64 causal+gqa+qk_rope:0 causal+gqa+qk_rope:64 causal+qk_rope:0+sinks causal+qk_rope:0+softcap causal+qk_rope:0+varlen causal+qk_rope:64+sinks causal+qk_rope:64+softcap causal+qk_rope:64+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
-            ('prefill decode', 'bfloat16 float16', '32 64 80 96 128 160 192 224 256 512 192x128', 'none causal sliding_window alibi+causal causal+fp8 causal+gqa causal+paged_kv:128 causal+paged_kv:16 causal+paged_kv:256 causal+paged_kv:32 causal+paged_kv:64 causal+sinks causal+softcap causal+varlen', 'rejected declared vllm-fa3-hopper-only: FA3 is only supported on devices with compute capability 9.x'),
+    # backend -> rules: (archs, ops, dtypes, head sizes (an int, or (qk, v) where they differ), feature sets,
+    # (outcome, tier, evidence id[, short reason])); a rule that holds on several archs is written once
+    'rules': {
+        # FlashAttention 2
+        'fa2': (
+            (
+                ('sm_80', 'sm_86', 'sm_89'), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:256'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'declared', 'fa2-ampere-ada-hopper'),
+            ),
+            (
+                ('sm_100', 'sm_120'), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:256'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'declared', 'fa2-blackwell-default-build'),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), (256,), ((), ('causal',)),
+                ('pass', 'declared', 'fa2-blackwell-glm-mla'),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:256'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'declared', 'fa2-sm103-runs-sm100-code'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), (128, 160), (('sliding_window',),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), (256,), (('sliding_window',), ('causal', 'gqa')),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (192,), (('sliding_window',),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (256,), (('causal', 'varlen'),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                (('causal', 'softcap'), ('causal', 'varlen')), ('pass', 'validated', 'reprobe-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                (('causal', 'softcap'),), ('pass', 'validated', 'reprobe-fa2'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,), (('causal', 'softcap'),),
+                ('pass', 'validated', 'reprobe-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                (('causal', 'softcap'),), ('pass', 'validated', 'reprobe-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64,), (('causal',), ('causal', 'paged_kv:256')),
+                ('pass', 'validated', 'retime-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (80,), ((), ('causal',), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-fa2'),
+            ),
+            (('sm_90',), ('decode',), ('bfloat16',), (96,), (('causal',),), ('pass', 'validated', 'retime-fa2')),
+            (('sm_90',), ('decode',), ('bfloat16',), (192,), ((),), ('pass', 'validated', 'retime-fa2')),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (256,), ((), ('causal',), ('alibi', 'causal')),
+                ('pass', 'validated', 'retime-fa2'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256,),
+                (('causal',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32,), (('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-fa2'),
+            ),
+            (('sm_90',), ('prefill',), ('bfloat16',), (64,), (('causal',),), ('pass', 'validated', 'retime-fa2')),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (80,), (('alibi', 'causal'),),
+                ('pass', 'validated', 'retime-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (96,),
+                ((), ('causal',), ('sliding_window',), ('causal', 'paged_kv:256')), ('pass', 'validated', 'retime-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (160,), (('sliding_window',), ('causal', 'paged_kv:256')),
+                ('pass', 'validated', 'retime-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (192, 224), (('causal', 'gqa'),),
+                ('pass', 'validated', 'retime-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 224),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:256'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64,),
+                ((), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (80,),
+                (('sliding_window',), ('alibi', 'causal'), ('causal', 'paged_kv:256')),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (96,),
+                ((), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'paged_kv:256')),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (128, 160),
+                ((), ('causal',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'paged_kv:256')),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (192,),
+                (('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'paged_kv:256')),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (256,), (('causal', 'paged_kv:256'),),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 192, 224),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:256'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (128, 160),
+                (
+                    (), ('causal',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'paged_kv:256'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (256,),
+                ((), ('causal',), ('alibi', 'causal'), ('causal', 'paged_kv:256'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256,),
+                (('causal',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32,),
+                ((), ('causal',), ('sliding_window',), ('causal', 'paged_kv:256'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (64,),
+                (
+                    (), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'paged_kv:256'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (80,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:256'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (96,),
+                (('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (128,),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:256'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (160,),
+                ((), ('causal',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (192,),
+                ((), ('causal',), ('alibi', 'causal'), ('causal', 'paged_kv:256'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (224,),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'paged_kv:256'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (256,),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:256'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (32, 64, 80, 96, 128, 160, 224),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:256'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (192,),
+                (
+                    (), ('causal',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'paged_kv:256'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa2'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), ((192, 128),), ((),),
+                (
+                    'rejected', 'declared', 'fa2-diff-headdim-v',
+                    'v must have shape (batch_size, seqlen_k, num_heads_k, head_size)',
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_100', 'sm_120'), ('prefill', 'decode', 'mla_prefill'),
+                ('bfloat16', 'float16'), ((192, 128),), ((), ('causal',)),
+                (
+                    'rejected', 'declared', 'fa2-diff-headdim-v',
+                    'v must have shape (batch_size, seqlen_k, num_heads_k, head_size)',
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_100', 'sm_120'), ('prefill', 'decode'), ('bfloat16', 'float16'), (128,),
+                (('causal', 'fp8'),),
+                ('rejected', 'declared', 'fa2-fp8', 'FlashAttention only support fp16 and bf16 data type'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_100', 'sm_120'), ('prefill', 'decode'), ('bfloat16', 'float16'), (512,),
+                ((), ('causal',)),
+                (
+                    'rejected', 'declared', 'fa2-headdim-512',
+                    'FlashAttention forward only supports head dimension at most 256',
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_120'), ('mla_prefill',),
+                ('bfloat16', 'float16'), (128, (192, 128)), (('causal', 'qk_rope:64', 'sinks'),),
+                (
+                    'rejected', 'declared', 'fa2-no-sinks',
+                    'API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)',
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_120'), ('mla_prefill',),
+                ('bfloat16', 'float16'), (256,), (('causal', 'qk_rope:0', 'sinks'), ('causal', 'qk_rope:64', 'sinks')),
+                (
+                    'rejected', 'declared', 'fa2-no-sinks',
+                    'API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)',
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_100', 'sm_103', 'sm_120'), ('prefill', 'decode'),
+                ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (('causal', 'sinks'),),
+                (
+                    'rejected', 'declared', 'fa2-no-sinks',
+                    'API has no sinks argument (flash_attn_varlen_func takes window_size, softcap, alibi_slopes only)',
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_100', 'sm_120'), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (64, 128, 256), (('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64')),
+                (
+                    'rejected', 'declared', 'fa2-paged-block-not-256',
+                    'Paged KV cache block size must be divisible by 256',
+                ),
+            ),
+            (
+                ('sm_110',), ('mla_prefill',), ('bfloat16', 'float16'), (128, (192, 128)),
+                (
+                    ('qk_rope:64',), ('causal', 'qk_rope:64'), ('alibi', 'causal', 'qk_rope:64'),
+                    ('causal', 'fp8', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                (
+                    'rejected', 'declared', 'fa2-sm110-no-kernel-image',
+                    'no kernel image is available for execution on the device',
+                ),
+            ),
+            (
+                ('sm_110',), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (
+                    ('qk_rope:0',), ('qk_rope:64',), ('causal', 'qk_rope:0'), ('causal', 'qk_rope:64'),
+                    ('alibi', 'causal', 'qk_rope:0'), ('alibi', 'causal', 'qk_rope:64'), ('causal', 'fp8', 'qk_rope:0'),
+                    ('causal', 'fp8', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:0'), ('causal', 'gqa', 'qk_rope:64'),
+                    ('causal', 'qk_rope:0', 'sinks'), ('causal', 'qk_rope:0', 'softcap'),
+                    ('causal', 'qk_rope:0', 'varlen'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                (
+                    'rejected', 'declared', 'fa2-sm110-no-kernel-image',
+                    'no kernel image is available for execution on the device',
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'declared', 'fa2-sm110-no-kernel-image',
+                    'no kernel image is available for execution on the device',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:256'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-d493d6c9',
+                    'RuntimeError: FlashAttention forward only supports head dimension at most 256',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-d493d6c9',
+                    'RuntimeError: FlashAttention only support fp16 and bf16 data type',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (256, 512, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-d493d6c9',
+                    'RuntimeError: FlashAttention only support fp16 and bf16 data type',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (256, 512, (192, 128)),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64')),
+                (
+                    'rejected', 'validated', '20261130-d493d6c9',
+                    'RuntimeError: Paged KV cache block size must be divisible by 256',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), ((192, 128),),
+                (('causal',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'softcap')),
+                (
+                    'rejected', 'validated', '20261130-d493d6c9',
+                    'RuntimeError: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), ((192, 128),),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'softcap')),
+                (
+                    'rejected', 'validated', '20261130-d493d6c9',
+                    'RuntimeError: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode', 'mla_prefill'), ('bfloat16',), ((192, 128),), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-d493d6c9',
+                    'RuntimeError: v must have shape (total_k, num_heads_k, head_size)',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), ((192, 128),), (('causal', 'paged_kv:256'),),
+                (
+                    'rejected', 'validated', '20261130-d493d6c9',
+                    'RuntimeError: vcache must have shape (num_blocks, page_block_size, num_heads_k, head_size_og)',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-d493d6c9',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn (FlashAttention 2) has no '
+                        'parameter for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (256, 512, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-d493d6c9',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn (FlashAttention 2) has no '
+                        'parameter for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:256'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-e44e779b',
+                    'RuntimeError: FlashAttention forward only supports head dimension at most 256',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-e44e779b',
+                    'RuntimeError: FlashAttention only support fp16 and bf16 data type',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-e44e779b',
+                    'RuntimeError: FlashAttention only support fp16 and bf16 data type',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64')),
+                (
+                    'rejected', 'validated', '20261130-e44e779b',
+                    'RuntimeError: Paged KV cache block size must be divisible by 256',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), ((192, 128),),
+                (('causal',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'softcap')),
+                (
+                    'rejected', 'validated', '20261130-e44e779b',
+                    'RuntimeError: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',), ((192, 128),),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'softcap')),
+                (
+                    'rejected', 'validated', '20261130-e44e779b',
+                    'RuntimeError: v must have shape (batch_size, seqlen_k, num_heads_k, head_size)',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode', 'mla_prefill'), ('float16',), ((192, 128),), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-e44e779b',
+                    'RuntimeError: v must have shape (total_k, num_heads_k, head_size)',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',), ((192, 128),), (('causal', 'paged_kv:256'),),
+                (
+                    'rejected', 'validated', '20261130-e44e779b',
+                    'RuntimeError: vcache must have shape (num_blocks, page_block_size, num_heads_k, head_size_og)',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-e44e779b',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn (FlashAttention 2) has no '
+                        'parameter for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-e44e779b',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn (FlashAttention 2) has no '
+                        'parameter for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 128, 160, 192, 224),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-e94dacb7',
+                    'RuntimeError: FlashAttention only support fp16 and bf16 data type',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 128, 160, 192, 224),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64')),
+                (
+                    'rejected', 'validated', '20261130-e94dacb7',
+                    'RuntimeError: Paged KV cache block size must be divisible by 256',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 128, 160, 192, 224),
+                (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-e94dacb7',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn (FlashAttention 2) has no '
+                        'parameter for attention sinks'
+                    ),
+                ),
+            ),
+        ),
+        # FlashAttention 3
+        'fa3': (
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'declared', 'fa3-hopper'),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (64, 96, 128, 192, 256), (('causal', 'fp8'),),
+                ('pass', 'declared', 'fa3-hopper-fp8'),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal',),),
+                ('rejected', 'declared', 'fa3-blackwell-mla-diff-v', 'Only Hopper supports different V headdim'),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), (256,), (('causal',),),
+                (
+                    'rejected', 'declared', 'fa3-blackwell-no-kernel-image',
+                    (
+                        'no kernel image for compute capability 10.x: hopper/setup.py compiles the SM90 kernels for '
+                        'sm_90a only (no message of...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (512,), ((), ('causal',)),
+                (
+                    'rejected', 'declared', 'fa3-headdim-512',
+                    'FlashAttention forward only supports head dimension at most 256',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (128, (192, 128)),
+                (('alibi', 'causal', 'qk_rope:64'),),
+                ('rejected', 'declared', 'fa3-no-alibi', 'API has no alibi_slopes argument'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('alibi', 'causal', 'qk_rope:0'), ('alibi', 'causal', 'qk_rope:64')),
+                ('rejected', 'declared', 'fa3-no-alibi', 'API has no alibi_slopes argument'),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('alibi', 'causal'),),
+                ('rejected', 'declared', 'fa3-no-alibi', 'API has no alibi_slopes argument'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (128, (192, 128)),
+                (('causal', 'qk_rope:64', 'sinks'),),
+                ('rejected', 'declared', 'fa3-no-sinks', 'API has no sink argument'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('causal', 'qk_rope:0', 'sinks'), ('causal', 'qk_rope:64', 'sinks')),
+                ('rejected', 'declared', 'fa3-no-sinks', 'API has no sink argument'),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'sinks'),),
+                ('rejected', 'declared', 'fa3-no-sinks', 'API has no sink argument'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)),
+                (
+                    (), ('causal',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'sinks'),
+                    ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'unavailable', 'validated', '20261130-f44d148a',
+                    "cannot import flash_attn_interface: ModuleNotFoundError: No module named 'flash_attn_interface'",
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (32, 80, 160, 224, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'unavailable', 'validated', '20261130-f44d148a',
+                    "cannot import flash_attn_interface: ModuleNotFoundError: No module named 'flash_attn_interface'",
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (512,),
+                (
+                    ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'unavailable', 'validated', '20261130-f44d148a',
+                    "cannot import flash_attn_interface: ModuleNotFoundError: No module named 'flash_attn_interface'",
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256, (192, 128)),
+                (('causal', 'fp8'),),
+                (
+                    'unavailable', 'validated', '20261130-f44d148a',
+                    "cannot import flash_attn_interface: ModuleNotFoundError: No module named 'flash_attn_interface'",
+                ),
+            ),
+        ),
+        # FlashAttention 4
+        'fa4': (
+            (
+                ('sm_100',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)),
+                (('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen')),
+                ('compiled', 'compiled', 'xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30'),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 256, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', 'xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30'),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)),
+                (('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen')),
+                ('compiled', 'compiled', 'xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30'),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 128, 256, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', 'xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30'),
+            ),
+            (
+                ('sm_110',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)),
+                (('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen')),
+                ('compiled', 'compiled', 'xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30'),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 128, 256, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', 'xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30'),
+            ),
+            (
+                ('sm_120',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)),
+                (('causal',), ('causal', 'gqa'), ('causal', 'softcap'), ('causal', 'varlen')),
+                ('compiled', 'compiled', 'xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30'),
+            ),
+            (
+                ('sm_120',), ('prefill', 'decode'), ('bfloat16',),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'softcap'), ('causal', 'varlen')),
+                ('compiled', 'compiled', 'xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30'),
+            ),
+            (
+                ('sm_80',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)),
+                (('causal',), ('causal', 'gqa'), ('causal', 'softcap'), ('causal', 'varlen')),
+                ('compiled', 'compiled', 'xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30'),
+            ),
+            (
+                ('sm_80',), ('prefill', 'decode'), ('bfloat16',),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'softcap'), ('causal', 'varlen')),
+                ('compiled', 'compiled', 'xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (224,),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64')),
+                (
+                    'crash', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'worker exited with status 1 while running the case; stderr tail: t: `aux_data: Constexpr`. '
+                        'Otherwise, implement the `...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (224,),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256')),
+                (
+                    'crash', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'worker exited with status 1 while running the case; stderr tail: t: `aux_data: Constexpr`. '
+                        'Otherwise, implement the `...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (224,), (('causal', 'paged_kv:16'),),
+                (
+                    'crash', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'worker exited with status 1 while running the case; stderr tail: t: `aux_data: Constexpr`. '
+                        'Otherwise, implement the `...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (160,), (('causal', 'paged_kv:16'),),
+                (
+                    'crash', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'worker exited with status 1 while running the case; stderr tail: t: `aux_data: Constexpr`. '
+                        'Otherwise, implement the `...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (224,), (('causal', 'paged_kv:16'), ('causal', 'paged_kv:256')),
+                (
+                    'crash', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'worker exited with status 1 while running the case; stderr tail: t: `aux_data: Constexpr`. '
+                        'Otherwise, implement the `...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (224,), (('causal', 'paged_kv:16'),),
+                (
+                    'crash', 'validated', '20261130-f44d148a',
+                    'kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered',
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), (160,),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'crash', 'validated', '20261130-f44d148a',
+                    'kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered',
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (224,), (('causal', 'paged_kv:64'),),
+                (
+                    'crash', 'validated', '20261130-f44d148a',
+                    'kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (160,),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'crash', 'validated', '20261130-f44d148a',
+                    'kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (224,),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64')),
+                (
+                    'crash', 'validated', '20261130-f44d148a',
+                    'kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (160,),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64')),
+                (
+                    'crash', 'validated', '20261130-f44d148a',
+                    'kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (224,), (('causal', 'paged_kv:128'), ('causal', 'paged_kv:64')),
+                (
+                    'crash', 'validated', '20261130-f44d148a',
+                    'kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered',
+                ),
+            ),
+            (
+                ('sm_103', 'sm_110'), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), ((),),
+                ('pass', 'declared', 'fa4-mla-prefill-dims'),
+            ),
+            (
+                ('sm_90', 'sm_100'), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), ((),),
+                ('pass', 'declared', 'fa4-mla-prefill-dims'),
+            ),
+            (
+                ('sm_103', 'sm_110'), ('mla_prefill',), ('float16',), (256, (192, 128)),
+                ((), ('causal',), ('causal', 'varlen')), ('pass', 'declared', 'fa4-mla-prefill-dims'),
+            ),
+            (
+                ('sm_103', 'sm_110'), ('prefill', 'decode'), ('float16',), (32, 64, 80, 96, 128),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'declared', 'fa4-sm100-headdims-le128'),
+            ),
+            (
+                ('sm_103', 'sm_110'), ('prefill', 'decode'), ('float16',), (256, (192, 128)),
+                ((), ('causal',), ('causal', 'gqa'), ('causal', 'varlen')),
+                ('pass', 'declared', 'fa4-sm100-mla-and-hd256'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), (192, 256), (('causal', 'gqa'),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (32,),
+                (('causal',), ('causal', 'gqa'), ('causal', 'paged_kv:128')),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (80,),
+                (('causal',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:64'), ('causal', 'varlen')),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (96,),
+                (('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen')),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (128,),
+                (('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks')),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (192,), (('causal', 'paged_kv:128'),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (256,),
+                (('causal', 'paged_kv:128'), ('causal', 'sinks')), ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), ((192, 128),),
+                (('causal', 'gqa'), ('causal', 'paged_kv:128')), ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 64, 80, 96, 128, 160, 192, 224, 256, (192, 128)),
+                (('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen')),
+                ('pass', 'validated', 'reprobe-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256, (192, 128)),
+                (('causal', 'sinks'), ('causal', 'softcap')), ('pass', 'validated', 'reprobe-fa4'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('causal', 'softcap'),),
+                ('pass', 'validated', 'reprobe-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, (192, 128)), (('causal', 'softcap'),),
+                ('pass', 'validated', 'reprobe-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32,), (('causal', 'paged_kv:16'), ('causal', 'paged_kv:256')),
+                ('pass', 'validated', 'retime-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64, 128), (('causal', 'paged_kv:64'),),
+                ('pass', 'validated', 'retime-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (192,), ((), ('causal', 'paged_kv:256')),
+                ('pass', 'validated', 'retime-fa4'),
+            ),
+            (('sm_90',), ('decode',), ('bfloat16',), (224,), ((),), ('pass', 'validated', 'retime-fa4')),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (256,),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')), ('pass', 'validated', 'retime-fa4'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)),
+                (('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32,), (('causal', 'paged_kv:256'), ('causal', 'paged_kv:64')),
+                ('pass', 'validated', 'retime-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (64,), ((), ('causal', 'sinks')),
+                ('pass', 'validated', 'retime-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (80,), ((), ('causal', 'paged_kv:256')),
+                ('pass', 'validated', 'retime-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (128, 256), (('sliding_window',),),
+                ('pass', 'validated', 'retime-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (224,), ((), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64, 128),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (80, 96, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (160,),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa')), ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (192,),
+                (
+                    ('causal',), ('sliding_window',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (224,), (('causal',), ('sliding_window',), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (256,),
+                ((), ('causal',), ('sliding_window',), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64')),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (160, 224),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (192, 256),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256, (192, 128)),
+                (('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32,),
+                ((), ('sliding_window',), ('causal', 'paged_kv:16'), ('causal', 'sinks'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (64,),
+                (
+                    ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (80,),
+                (('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:16'), ('causal', 'sinks')),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (128,),
+                (
+                    (), ('causal',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (160,),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (224,),
+                (('causal',), ('sliding_window',), ('causal', 'sinks'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (256,),
+                (
+                    (), ('causal',), ('causal', 'gqa'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (96,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (192,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), ((192, 128),),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (32,),
+                (
+                    (), ('sliding_window',), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (64,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (80,),
+                (
+                    (), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'sinks'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (128,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (160, 224),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (256,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fa4'),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16', 'float16'), (512,),
+                (
+                    ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'AssertionError (no message) at flash_attn/cute/flash_fwd_sm100.py:368: assert '
+                        'self.tmem_total <= self.tmem_alloc_cols'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16', 'float16'), (160,),
+                (
+                    ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16', 'float16'), (192,),
+                (
+                    ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16', 'float16'), (224,),
+                (
+                    ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (512,),
+                (
+                    ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'AssertionError (no message) at flash_attn/cute/flash_fwd_sm100.py:368: assert '
+                        'self.tmem_total <= self.tmem_alloc_cols'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (160,),
+                (
+                    ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (192,),
+                (
+                    ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (224,),
+                (
+                    ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_103a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16',), (512,),
+                (
+                    ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'AssertionError (no message) at flash_attn/cute/flash_fwd_sm100.py:368: assert '
+                        'self.tmem_total <= self.tmem_alloc_cols'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16',), (160,),
+                (
+                    ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16',), (192,),
+                (
+                    ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16',), (224,),
+                (
+                    ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 256, 512, (192, 128)),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_110',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_110a:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_120',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_120',), ('prefill', 'decode'), ('bfloat16',),
+                (32, 64, 80, 96, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_120',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30',
+                    'AssertionError: Learnable sink is not supported in this kernel',
+                ),
+            ),
+            (
+                ('sm_120',), ('prefill', 'decode'), ('bfloat16',), (32, 80, 96, 160, 192, 224, 256, 512, (192, 128)),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30',
+                    'AssertionError: Paged KV not supported on SM 12.0 in this PR',
+                ),
+            ),
+            (
+                ('sm_120',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_120:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_80',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_80',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 160, 192, 224, 256, 512, (192, 128)),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_80',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30',
+                    'AssertionError: Learnable sink is not supported in this kernel',
+                ),
+            ),
+            (
+                ('sm_80',), ('prefill', 'decode'), ('bfloat16',), (32, 80, 96, 160, 192, 224, 256, 512, (192, 128)),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30',
+                    'AssertionError: paged KV not supported on SM 8.0',
+                ),
+            ),
+            (
+                ('sm_80',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_80:flash-attn-4:4.0.0b36:2026-11-30',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16', 'float16'), (128, (192, 128)),
+                (('causal', 'fp8', 'qk_rope:64'),),
+                (
+                    'rejected', 'declared', 'fa4-fp8-public-api-no-descales',
+                    (
+                        'attnmatrix: the API cannot express this case: '
+                        'flash_attn.cute.flash_attn_func/flash_attn_varlen_func have no q_descal...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('causal', 'fp8', 'qk_rope:0'), ('causal', 'fp8', 'qk_rope:64')),
+                (
+                    'rejected', 'declared', 'fa4-fp8-public-api-no-descales',
+                    (
+                        'attnmatrix: the API cannot express this case: '
+                        'flash_attn.cute.flash_attn_func/flash_attn_varlen_func have no q_descal...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'declared', 'fa4-fp8-public-api-no-descales',
+                    (
+                        'attnmatrix: the API cannot express this case: '
+                        'flash_attn.cute.flash_attn_func/flash_attn_varlen_func have no q_descal...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16', 'float16'), (128, 256, (192, 128)),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'declared', 'fa4-fp8-public-api-no-descales-mla-totals',
+                    (
+                        'attnmatrix: the API cannot express this case: '
+                        'flash_attn.cute.flash_attn_func/flash_attn_varlen_func have no q_descal...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_110', 'sm_120'), ('prefill', 'decode'), ('bfloat16', 'float16'), (128,),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'declared', 'fa4-fp8-sm100-only',
+                    'FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('mla_prefill',),
+                ('bfloat16', 'float16'), (128, (192, 128)), (('alibi', 'causal', 'qk_rope:64'),),
+                ('rejected', 'declared', 'fa4-no-alibi', 'API has no alibi_slopes argument'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('mla_prefill',),
+                ('bfloat16', 'float16'), (256,), (('alibi', 'causal', 'qk_rope:0'), ('alibi', 'causal', 'qk_rope:64')),
+                ('rejected', 'declared', 'fa4-no-alibi', 'API has no alibi_slopes argument'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('prefill', 'decode'),
+                ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (('alibi', 'causal'),), ('rejected', 'declared', 'fa4-no-alibi', 'API has no alibi_slopes argument'),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('prefill', 'decode'), ('bfloat16', 'float16'), (512,),
+                ((), ('causal',)),
+                (
+                    'rejected', 'declared', 'fa4-sm100-dense-512',
+                    'assert self.tmem_total <= self.tmem_alloc_cols (AssertionError without message)',
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('prefill', 'decode'), ('bfloat16', 'float16'), (160, 192, 224),
+                ((), ('causal',)),
+                (
+                    'rejected', 'declared', 'fa4-sm100-headdims-gt128',
+                    (
+                        '(head_dim, head_dim_v)=({d}, {d}) is not supported on SM100/SM110. head_dim and head_dim_v '
+                        'must be between 8 and 128...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_120',), ('prefill', 'decode'), ('bfloat16', 'float16'), (64, 128),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                ('rejected', 'declared', 'fa4-sm120-no-paged', 'Paged KV not supported on SM 12.0 in this PR'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89'), ('prefill', 'decode'), ('bfloat16', 'float16'), (64, 128),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                ('rejected', 'declared', 'fa4-sm80-no-paged', 'paged KV not supported on SM 8.0'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_120'), ('mla_prefill',), ('bfloat16', 'float16'), (128, (192, 128)),
+                (('causal', 'qk_rope:64', 'sinks'),),
+                ('rejected', 'declared', 'fa4-sm8x-sm120-no-sinks', 'Learnable sink is not supported in this kernel'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_120'), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('causal', 'qk_rope:0', 'sinks'), ('causal', 'qk_rope:64', 'sinks')),
+                ('rejected', 'declared', 'fa4-sm8x-sm120-no-sinks', 'Learnable sink is not supported in this kernel'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_120'), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'sinks'),),
+                ('rejected', 'declared', 'fa4-sm8x-sm120-no-sinks', 'Learnable sink is not supported in this kernel'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (224,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-1b1c3b9a',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), ((192, 128),), (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 64, 80, 96, 128, 192, 256), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-cedff2fa',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, 192, 224), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-cedff2fa',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-cedff2fa',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32, 64, 80, 96, 128, 192, 224, 256), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-cedff2fa',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (32, 64, 80, 96, 128, 192), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-cedff2fa',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-cedff2fa',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,), (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-cedff2fa',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-cedff2fa',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (32, 64, 80, 96, 128, 192, 256), (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-cedff2fa',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(512, 512) is not supported on SM90. head_dim and '
+                        'head_dim_v must be between 8...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (160, 256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (160, 224, 256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (160, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), (512, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), ((192, 128),), (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (512,), (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (160, 224, 512, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: flash_attn.cute (FlashAttention 4) has no '
+                        'alibi_slopes parameter (ALiBi...'
+                    ),
+                ),
+            ),
+        ),
+        # FlashInfer
+        'flashinfer': (
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (80, 96),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'crash', 'validated', '20261130-d0776782',
+                    (
+                        "kernel fault reported after the case (its record said 'rejected'): AcceleratorError: CUDA "
+                        'error: an illegal memory ac...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (160,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'crash', 'validated', '20261130-d0776782',
+                    (
+                        "kernel fault reported after the case (its record said 'rejected'): AcceleratorError: CUDA "
+                        'error: an illegal memory ac...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), ((), ('causal',)),
+                ('pass', 'declared', 'flashinfer-blackwell-mla'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64, 128),
+                (('causal', 'fp8'), ('causal', 'softcap'), ('causal', 'varlen')), ('pass', 'validated', 'reprobe-fi'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('causal', 'softcap'),),
+                ('pass', 'validated', 'reprobe-fi'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (64, (192, 128)), (('causal', 'softcap'),),
+                ('pass', 'validated', 'reprobe-fi'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64, 128),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fi'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)),
+                (('causal',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fi'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (64, 128),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fi'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), ((192, 128),),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fi'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256, (192, 128)),
+                (('causal',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'varlen')),
+                ('pass', 'validated', 'retime-matrix-fi16'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), ((192, 128),), (('causal', 'fp8'),),
+                ('rejected', 'validated', '20261130-205f5299', 'RuntimeError: Ninja build failed. Ninja output:'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-205f5299',
+                    (
+                        'TypeError: Mismatched number of arguments when calling: `ragged_run(0: DLTensor*, 1: '
+                        'DLTensor*, 2: Array<int>, 3: DLT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-205f5299',
+                    (
+                        'attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has '
+                        'no attention-sink paramete...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (64,), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-4fc5db8d',
+                    (
+                        'attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has '
+                        'no attention-sink paramete...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), ((192, 128),),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'), ('causal', 'sinks'),
+                    ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-67b0b9cd',
+                    (
+                        'attnmatrix: the API cannot express this case: BatchDecodeWithPagedKVCacheWrapper.plan takes '
+                        'one head_dim for q, k and...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-67b0b9cd',
+                    (
+                        'attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has '
+                        'no attention-sink paramete...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-7491a8d2',
+                    (
+                        'TypeError: Mismatched number of arguments when calling: `ragged_run(0: DLTensor*, 1: '
+                        'DLTensor*, 2: Array<int>, 3: DLT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256,), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-7491a8d2',
+                    (
+                        'attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has '
+                        'no attention-sink paramete...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), ((192, 128),), (('causal', 'paged_kv:128'),),
+                (
+                    'rejected', 'validated', '20261130-ae60332a',
+                    (
+                        'RuntimeError: Check failed: params.k_page_stride == params.v_page_stride (196608 vs. '
+                        '131072) : K and V must have same...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), ((192, 128),), (('causal', 'paged_kv:16'),),
+                (
+                    'rejected', 'validated', '20261130-ae60332a',
+                    (
+                        'RuntimeError: Check failed: params.k_page_stride == params.v_page_stride (24576 vs. 16384) '
+                        ': K and V must have same p...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), ((192, 128),), (('causal', 'paged_kv:256'),),
+                (
+                    'rejected', 'validated', '20261130-ae60332a',
+                    (
+                        'RuntimeError: Check failed: params.k_page_stride == params.v_page_stride (393216 vs. '
+                        '262144) : K and V must have same...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), ((192, 128),), (('causal', 'paged_kv:64'),),
+                (
+                    'rejected', 'validated', '20261130-ae60332a',
+                    (
+                        'RuntimeError: Check failed: params.k_page_stride == params.v_page_stride (98304 vs. 65536) '
+                        ': K and V must have same p...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'mla_prefill'), ('bfloat16',), ((192, 128),), (('causal', 'fp8'),),
+                ('rejected', 'validated', '20261130-ae60332a', 'RuntimeError: Ninja build failed. Ninja output:'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), ((192, 128),),
+                (
+                    ('causal', 'fp8'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-ae60332a',
+                    (
+                        'attnmatrix: the API cannot express this case: BatchDecodeWithPagedKVCacheWrapper.plan takes '
+                        'one head_dim for q, k and...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), ((192, 128),), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-ae60332a',
+                    (
+                        'attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has '
+                        'no attention-sink paramete...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (128,), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-b4e425bc',
+                    (
+                        'attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has '
+                        'no attention-sink paramete...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32,),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-d0776782',
+                    (
+                        "RuntimeError: Error in function 'BatchPrefillWithPagedKVCacheDispatched' at "
+                        '<...>/attention/prefill.cuh:5355: FlashIn...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32,),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-d0776782',
+                    (
+                        "RuntimeError: Error in function 'BatchPrefillWithRaggedKVCacheDispatched' at "
+                        '<...>/attention/prefill.cuh:5122: FlashI...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (80, 96), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-d0776782',
+                    (
+                        "RuntimeError: Error in function 'BatchPrefillWithRaggedKVCacheDispatched' at "
+                        '<...>/attention/prefill.cuh:5122: FlashI...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32,),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-d0776782',
+                    (
+                        "RuntimeError: Error in function 'VariableLengthMergeStates' at "
+                        '<...>/attention/cascade.cuh:707: Unsupported head_dim: 32'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (80,),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-d0776782',
+                    (
+                        "RuntimeError: Error in function 'VariableLengthMergeStates' at "
+                        '<...>/attention/cascade.cuh:707: Unsupported head_dim: 80'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (96,),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-d0776782',
+                    (
+                        "RuntimeError: Error in function 'VariableLengthMergeStates' at "
+                        '<...>/attention/cascade.cuh:707: Unsupported head_dim: 96'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (160,),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-d0776782',
+                    (
+                        "RuntimeError: Error in function 'VariableLengthMergeStates' at "
+                        '<...>/attention/cascade.cuh:707: Unsupported head_dim:...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (64,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-d0776782',
+                    (
+                        'TypeError: Mismatched number of arguments when calling: `ragged_run(0: DLTensor*, 1: '
+                        'DLTensor*, 2: Array<int>, 3: DLT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32, 80, 96, 160), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-d0776782',
+                    (
+                        'attnmatrix: the API cannot express this case: BatchPrefillWithRaggedKVCacheWrapper.run has '
+                        'no attention-sink paramete...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64,), (('causal', 'sinks'),),
+                ('wrong', 'validated', 'reprobe-fi', 'max abs error 0.9089 over tolerance (1698 of 2048 elements off)'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (128,), (('causal', 'sinks'),),
+                ('wrong', 'validated', 'reprobe-fi', 'max abs error 1.686 over tolerance (3512 of 4096 elements off)'),
+            ),
+        ),
+        # FlashInfer (cutlass kernels)
+        'flashinfer_cutlass': (
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal', 'qk_rope:64'),),
+                ('pass', 'declared', 'flashinfer-cutlass-vllm-mla-prefill'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_110', 'sm_120'), ('mla_prefill',), ('bfloat16', 'float16'),
+                (128, (192, 128)), (('causal', 'qk_rope:64'),),
+                (
+                    'rejected', 'declared', 'flashinfer-cutlass-not-hopper',
+                    "vLLM's FLASHINFER MLA prefill supports compute capability major 10 only",
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_110', 'sm_120'), ('mla_prefill',), ('bfloat16', 'float16'),
+                (256,), (('causal', 'qk_rope:0'), ('causal', 'qk_rope:64')),
+                (
+                    'rejected', 'declared', 'flashinfer-cutlass-not-hopper',
+                    "vLLM's FLASHINFER MLA prefill supports compute capability major 10 only",
+                ),
+            ),
+        ),
+        # PyTorch SDPA cuDNN
+        'sdpa_cudnn': (
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), ((192, 128),), ((), ('causal',)),
+                ('pass', 'declared', 'sdpa-cudnn-blackwell-deepseek'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), ((192, 128),), (('causal', 'gqa'),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (32,), (('causal', 'gqa'),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (64,), (('sliding_window',),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (224,), (('alibi', 'causal'),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), ((192, 128),),
+                (('sliding_window',), ('causal', 'gqa')), ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 64, 80, 128, 160, 192),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (96,),
+                (('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (224,),
+                ((), ('causal',), ('alibi', 'causal'), ('causal', 'gqa')), ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (256,),
+                ((), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), ((192, 128),),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('causal',), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256, (192, 128)),
+                (('causal',), ('alibi', 'causal'), ('causal', 'gqa')), ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (64, 128),
+                ((), ('causal',), ('alibi', 'causal'), ('causal', 'gqa')), ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (80, 160, 192, 256),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (96, 224),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa')), ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (32,),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), ((192, 128),),
+                ((), ('causal',), ('alibi', 'causal')), ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (64,),
+                ((), ('causal',), ('alibi', 'causal'), ('causal', 'gqa')), ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (80, 96, 128, 160, 192, 256),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (224,),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa')), ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (('sm_90',), ('decode',), ('bfloat16',), (96,), ((),), ('pass', 'validated', 'retime-sdpa')),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (224,), (('sliding_window',),),
+                ('pass', 'validated', 'retime-sdpa'),
+            ),
+            (('sm_90',), ('decode',), ('bfloat16',), (256,), (('causal',),), ('pass', 'validated', 'retime-sdpa')),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('alibi', 'causal'),),
+                ('pass', 'validated', 'retime-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (96,), (('alibi', 'causal'),),
+                ('pass', 'validated', 'retime-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (128,), (('sliding_window',),),
+                ('pass', 'validated', 'retime-sdpa'),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), (256,), (('causal',),),
+                ('rejected', 'declared', 'sdpa-cudnn-blackwell-hd256', 'head_dim should be no more than 128'),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-6757676b',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used '
+                        'because: Expected query, key a...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-6757676b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a paged KV cache'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256,), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-6757676b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-6757676b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224),
+                (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-6757676b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224),
+                (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-6757676b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224),
+                (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-6757676b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode', 'mla_prefill'), ('float16',), ((192, 128),), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used '
+                        'because: Expected query, key a...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',), ((192, 128),),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a paged KV cache'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode', 'mla_prefill'), ('float16',), ((192, 128),), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode', 'mla_prefill'), ('float16',), ((192, 128),), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode', 'mla_prefill'), ('float16',), ((192, 128),), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used '
+                        'because: Expected query, key a...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used '
+                        'because: Expected query, key a...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (256, 512, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used '
+                        'because: Expected query, key a...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',), (256, 512), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used '
+                        'because: Expected query, key a...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (512,),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. cuDNN attention kernel not used '
+                        'because: head_dim should be no...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (256, 512, (192, 128)),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a paged KV cache'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',), (256, 512),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a paged KV cache'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256,), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (512, (192, 128)), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',), (256, 512), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256,), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (256, 512, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',), (256, 512), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256,), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (256, 512, (192, 128)), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',), (256, 512), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-f44d148a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+        ),
+        # PyTorch SDPA mem-efficient
+        'sdpa_efficient': (
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), ((), ('causal',)),
+                ('pass', 'declared', 'sdpa-efficient-blackwell-mla'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), ((192, 128),), ((),),
+                ('pass', 'declared', 'sdpa-efficient-diff-headdim'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89'), ('prefill', 'mla_prefill'), ('bfloat16', 'float16'), ((192, 128),),
+                ((), ('causal',)), ('pass', 'declared', 'sdpa-efficient-diff-headdim'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (32,), (('alibi', 'causal'),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32,), ((), ('sliding_window',), ('alibi', 'causal')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64,), (('sliding_window',), ('alibi', 'causal')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256,), (('alibi', 'causal'),),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal',),),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256, (192, 128)), (('causal',), ('alibi', 'causal')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32, 192), ((), ('causal',), ('sliding_window',)),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (64, 80, 96, 128, 224, 256, 512),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (160, (192, 128)), ((), ('causal',), ('alibi', 'causal')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (32,), ((), ('causal',), ('sliding_window',)),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (('sm_90',), ('decode',), ('bfloat16',), (32,), (('causal',),), ('pass', 'validated', 'retime-sdpa')),
+            (('sm_90',), ('decode',), ('bfloat16',), (64,), ((), ('causal',)), ('pass', 'validated', 'retime-sdpa')),
+            (('sm_90',), ('mla_prefill',), ('bfloat16',), (256,), (('causal',),), ('pass', 'validated', 'retime-sdpa')),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('alibi', 'causal'),),
+                ('pass', 'validated', 'retime-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (160, (192, 128)), (('sliding_window',),),
+                ('pass', 'validated', 'retime-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (192,), (('alibi', 'causal'),),
+                ('pass', 'validated', 'retime-sdpa'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), ((192, 128),), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used '
+                        'because: Expected query, key...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 80, 96, 160, 192, 224, 512, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used '
+                        'because: Expected query, key...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), ((192, 128),), (('causal', 'gqa'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used '
+                        'because: For dense input, bot...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 80, 96, 160, 192, 224, 512, (192, 128)), (('causal', 'gqa'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used '
+                        'because: For dense input, bot...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 80, 96, 160, 192, 224, 512, (192, 128)),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a paged KV cache'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), ((192, 128),), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 80, 96, 160, 192, 224, 512, (192, 128)), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), ((192, 128),), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 80, 96, 160, 192, 224, 512, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), ((192, 128),), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 80, 96, 160, 192, 224, 512, (192, 128)), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-8f38b417',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used '
+                        'because: Expected query, key...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (64, 128, 256), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-8f38b417',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used '
+                        'because: Expected query, key...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,), (('causal', 'gqa'),),
+                (
+                    'rejected', 'validated', '20261130-8f38b417',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used '
+                        'because: For dense input, bot...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (64, 128, 256), (('causal', 'gqa'),),
+                (
+                    'rejected', 'validated', '20261130-8f38b417',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Memory efficient kernel not used '
+                        'because: For dense input, bot...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (64, 128, 256),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-8f38b417',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a paged KV cache'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-8f38b417',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (64, 128, 256), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-8f38b417',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-8f38b417',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (64, 128, 256), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-8f38b417',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-8f38b417',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (64, 128, 256), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-8f38b417',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+        ),
+        # PyTorch SDPA flash
+        'sdpa_flash': (
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), (256,), ((), ('causal',)),
+                ('pass', 'declared', 'sdpa-flash-blackwell-glm-mla'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89'), ('prefill',), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256), ((), ('causal',)),
+                ('pass', 'declared', 'sdpa-flash-headdims'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,), (('causal', 'gqa'),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (64, 256), (('causal', 'gqa'),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (192,), (('causal',),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (224,), ((),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 64, 96, 192, 224, 256),
+                ((), ('causal',), ('causal', 'gqa')), ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (80, 128), ((), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (160,), (('causal',), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                ((), ('causal',), ('causal', 'gqa')), ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256,), (('causal',),),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32, 96, 128, 160), ((), ('causal',), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (80, 192), ((), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (64, 256), ((), ('causal',)),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (224,), (('causal',), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (32, 80, 96, 128, 160), ((), ('causal',), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (192,), ((), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-sdpa'),
+            ),
+            (('sm_90',), ('decode',), ('bfloat16',), (80, 128), (('causal',),), ('pass', 'validated', 'retime-sdpa')),
+            (('sm_90',), ('decode',), ('bfloat16',), (160,), ((),), ('pass', 'validated', 'retime-sdpa')),
+            (('sm_90',), ('mla_prefill',), ('bfloat16',), (256,), (('causal',),), ('pass', 'validated', 'retime-sdpa')),
+            (('sm_90',), ('prefill',), ('bfloat16',), (80,), (('causal',),), ('pass', 'validated', 'retime-sdpa')),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal',),),
+                (
+                    'rejected', 'declared', 'sdpa-flash-blackwell-mla-diff-v',
+                    (
+                        'Flash attention requires q,k,v to have the same last dimension and to be less than or equal '
+                        'to 256. Got Query.size(-1...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89'), ('prefill',), ('bfloat16', 'float16'), (512, (192, 128)),
+                ((), ('causal',)),
+                (
+                    'rejected', 'declared', 'sdpa-flash-headdim-limits',
+                    (
+                        'Flash attention requires q,k,v to have the same last dimension and to be less than or equal '
+                        'to 256.'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Flash attention kernel not used '
+                        'because: Expected query, key a...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Flash attention kernel not used '
+                        'because: Expected query, key a...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Flash attention kernel not used '
+                        'because: Flash Attention does...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('sliding_window',), ('alibi', 'causal')),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Flash attention kernel not used '
+                        'because: Flash Attention does...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), ((192, 128),),
+                (('causal',), ('causal', 'fp8'), ('causal', 'gqa')),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Flash attention kernel not used '
+                        'because: Flash attention requi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (512, (192, 128)),
+                ((), ('causal',), ('causal', 'fp8'), ('causal', 'gqa')),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'RuntimeError: No available kernel. Aborting execution. Flash attention kernel not used '
+                        'because: Flash attention requi...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a paged KV cache'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+        ),
+        # PyTorch SDPA math
+        'sdpa_math': (
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), ((), ('causal',)),
+                ('pass', 'declared', 'sdpa-math-blackwell-mla'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 64, 80, 96, 128, 160, 192, 224),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-math'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (256,),
+                (('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-math'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (512, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa')), ('pass', 'validated', 'retime-matrix-math'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-math'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (512,),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa')), ('pass', 'validated', 'retime-matrix-math'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256,), (('causal',), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-math'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-math'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256, (192, 128)),
+                (('causal',), ('alibi', 'causal'), ('causal', 'gqa')), ('pass', 'validated', 'retime-matrix-math'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32, 64, 80, 96, 160, 224, 256, 512, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-math'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (128,),
+                ((), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-math'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (192,),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal')),
+                ('pass', 'validated', 'retime-matrix-math'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa')),
+                ('pass', 'validated', 'retime-matrix-math'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), (512,), (('alibi', 'causal'),),
+                ('pass', 'validated', 'retime-matrix-rerun'),
+            ),
+            (('sm_90',), ('decode',), ('bfloat16',), (256,), ((),), ('pass', 'validated', 'retime-sdpa')),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), ((192, 128),), (('alibi', 'causal'),),
+                ('pass', 'validated', 'retime-sdpa'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256,), (('alibi', 'causal'),),
+                ('pass', 'validated', 'retime-sdpa'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal',),),
+                ('pass', 'validated', 'retime-sdpa'),
+            ),
+            (('sm_90',), ('prefill',), ('bfloat16',), (128,), (('causal',),), ('pass', 'validated', 'retime-sdpa')),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (192,), (('causal', 'gqa'),),
+                ('pass', 'validated', 'retime-sdpa'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-1b1c3b9a',
+                    'NotImplementedError: "mul_cuda" not implemented for \'Float8_e4m3fn\'',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (224, 256, 512, (192, 128)),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-1b1c3b9a',
+                    'NotImplementedError: "mul_cuda" not implemented for \'Float8_e4m3fn\'',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (224, 256, 512, (192, 128)),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a paged KV cache'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (224, 256, 512, (192, 128)),
+                (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (224, 256, 512, (192, 128)),
+                (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (224, 256, 512, (192, 128)),
+                (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-1b1c3b9a',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    'NotImplementedError: "mul_cuda" not implemented for \'Float8_e4m3fn\'',
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a paged KV cache'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192),
+                (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for a softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192),
+                (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for attention sinks'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192),
+                (('causal', 'varlen'),),
+                (
+                    'rejected', 'validated', '20261130-6f2c3f9b',
+                    (
+                        'attnmatrix: the API cannot express this case: scaled_dot_product_attention has no parameter '
+                        'for cu_seqlens (varlen) i...'
+                    ),
+                ),
+            ),
+        ),
+        # TRT-LLM context (FlashInfer)
+        'trtllm_context': (
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_110', 'sm_120'), ('mla_prefill',), ('bfloat16', 'float16'),
+                (128, (192, 128)),
+                (
+                    ('qk_rope:64',), ('causal', 'qk_rope:64'), ('alibi', 'causal', 'qk_rope:64'),
+                    ('causal', 'fp8', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('rejected', 'declared', 'trtllm-context-not-hopper-consumer', 'Unsupported architecture'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_110', 'sm_120'), ('mla_prefill',), ('bfloat16', 'float16'),
+                (256,),
+                (
+                    ('qk_rope:0',), ('qk_rope:64',), ('causal', 'qk_rope:0'), ('causal', 'qk_rope:64'),
+                    ('alibi', 'causal', 'qk_rope:0'), ('alibi', 'causal', 'qk_rope:64'), ('causal', 'fp8', 'qk_rope:0'),
+                    ('causal', 'fp8', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:0'), ('causal', 'gqa', 'qk_rope:64'),
+                    ('causal', 'qk_rope:0', 'sinks'), ('causal', 'qk_rope:0', 'softcap'),
+                    ('causal', 'qk_rope:0', 'varlen'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('rejected', 'declared', 'trtllm-context-not-hopper-consumer', 'Unsupported architecture'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_110', 'sm_120'), ('prefill', 'decode'),
+                ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('rejected', 'declared', 'trtllm-context-not-hopper-consumer', 'Unsupported architecture'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_110', 'sm_120'), ('mla_prefill',), ('bfloat16', 'float16'),
+                (128, 256, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('rejected', 'declared', 'trtllm-context-not-hopper-consumer-mla-totals', 'Unsupported architecture'),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('prefill',), ('bfloat16', 'float16'), (80,),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'declared', 'trtllm-gen-blackwell-context-head-80',
+                    '[Context] Head size 80 is not supported.',
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('prefill',), ('bfloat16', 'float16'), (128,), (('alibi', 'causal'),),
+                ('rejected', 'declared', 'trtllm-gen-blackwell-no-alibi', '[Context] ALiBi is not supported.'),
+            ),
+            (
+                ('sm_100',), ('decode',), ('bfloat16',), (64, 80, 128, 256),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('bfloat16',), ((192, 128),),
+                ((), ('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill',), ('bfloat16',), (64, 128, 256),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16',), (32, 96, 160, 192, 224, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16',), (512,),
+                (('sliding_window',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('bfloat16',), (32, 80, 96, 160, 192, 224, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill',), ('bfloat16',), (32, 96, 160, 192, 224, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('float16',), (32, 80, 96, 160, 192, 224, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('float16',), ((192, 128),), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill',), ('float16',), (32, 96, 160, 192, 224, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('float16',), (64, 80, 128, 256),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('float16',), ((192, 128),),
+                ((), ('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill',), ('float16',), (64, 128, 256),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('float16',), (32, 96, 160, 192, 224, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('float16',), (512,),
+                (('sliding_window',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('bfloat16',), (64, 80, 128, 256),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('bfloat16',), ((192, 128),),
+                ((), ('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill',), ('bfloat16',), (64, 128, 256),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (32, 96, 160, 192, 224, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (512,),
+                (('sliding_window',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('bfloat16',), (32, 80, 96, 160, 192, 224, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill',), ('bfloat16',), (32, 96, 160, 192, 224, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('float16',), (32, 80, 96, 160, 192, 224, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('float16',), ((192, 128),), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill',), ('float16',), (32, 96, 160, 192, 224, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('float16',), (64, 80, 128, 256),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('float16',), ((192, 128),),
+                ((), ('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill',), ('float16',), (64, 128, 256),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('float16',), (32, 96, 160, 192, 224, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('float16',), (512,),
+                (('sliding_window',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('bfloat16', 'float16'), (80,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('shipped', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                ((), ('causal',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                ('shipped', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16', 'float16'), (64, 128, 256),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('shipped', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16', 'float16'), (512,),
+                (
+                    (), ('causal',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('shipped', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_103',), ('decode',), ('bfloat16', 'float16'), (80,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('shipped', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                ((), ('causal',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                ('shipped', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16', 'float16'), (64, 128, 256),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('shipped', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16', 'float16'), (512,),
+                (
+                    (), ('causal',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('shipped', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+        ),
+        # TRT-LLM decode / XQA (FlashInfer)
+        'trtllm_decode': (
+            (
+                ('sm_120',), ('decode',), ('bfloat16', 'float16'), (64, 128, 256),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64')),
+                ('pass', 'declared', 'trtllm-decode-xqa-hopper-consumer'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 64, 80, 96, 128, 192, 224, 256, 512),
+                (('causal', 'sinks'), ('causal', 'varlen')), ('pass', 'validated', 'reprobe-fi'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, 192, 224, 256, 512),
+                (('causal', 'sinks'),), ('pass', 'validated', 'reprobe-fi'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 64, 80, 96, 128, 192, 224, 256, 512),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fi'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fi'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (96,), ((), ('causal',)),
+                ('pass', 'validated', 'retime-matrix-fi'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (96,),
+                (
+                    ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:64'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fi16'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (128, 192, 224, 256),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fi16'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (512,),
+                (
+                    (), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:64'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'retime-matrix-fi16'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (512,), (('causal',),),
+                ('pass', 'validated', 'retime-matrix-rerun'),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), (256, (192, 128)), (('causal',),),
+                (
+                    'rejected', 'declared', 'trtllm-decode-not-prefill',
+                    (
+                        'trtllm_batch_decode_with_kv_cache is a decode entry point (one query token per sequence, or '
+                        'a speculative draft); a m...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_120',), ('decode',), ('bfloat16', 'float16'), (64, 128, 256), (('causal', 'paged_kv:256'),),
+                (
+                    'rejected', 'declared', 'trtllm-decode-xqa-page-256',
+                    'Invalid page_size: 256, only 16, 32, 64, 128 are supported',
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_110'), ('decode',), ('bfloat16', 'float16'), (128,),
+                (('causal', 'paged_kv:16'), ('causal', 'paged_kv:64')),
+                (
+                    'rejected', 'declared', 'trtllm-decode-xqa-unsupported-arch',
+                    'XQA is only supported on SM90, SM100, SM120/SM121 GPUs',
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('decode',), ('bfloat16', 'float16'), (128,), (('alibi', 'causal'),),
+                (
+                    'rejected', 'declared', 'trtllm-gen-blackwell-decode-no-alibi',
+                    '[Generation] ALiBi is not supported.',
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('bfloat16',), (32, 80, 96, 160, 192, 224),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('bfloat16',), (64, 128, 256, 512),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('bfloat16',), (32, 80, 96, 160, 192, 224), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('float16',), (32, 80, 96, 160, 192, 224), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('float16',), (32, 80, 96, 160, 192, 224),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('float16',), (64, 128, 256, 512),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('bfloat16',), (32, 80, 96, 160, 192, 224),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('bfloat16',), (64, 128, 256, 512),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('bfloat16',), (32, 80, 96, 160, 192, 224), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('float16',), (32, 80, 96, 160, 192, 224), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('float16',), (32, 80, 96, 160, 192, 224),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('float16',), (64, 128, 256, 512),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=PagedKv, kernelT...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 80, 96, 160, 192, 224, 512), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-77b2062c',
+                    'AssertionError: Output and query must have the same dtype',
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-77b2062c',
+                    'AssertionError: Output and query must have the same dtype',
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), (160,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('rejected', 'validated', '20261130-77b2062c', 'RuntimeError: Ninja build failed. Ninja output:'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 80, 96, 160, 192, 224, 512), (('causal', 'paged_kv:256'),),
+                (
+                    'rejected', 'validated', '20261130-77b2062c',
+                    'ValueError: Invalid page_size: 256, only 16, 32, 64, 128 are supported',
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512),
+                (('causal', 'paged_kv:256'),),
+                (
+                    'rejected', 'validated', '20261130-77b2062c',
+                    'ValueError: Invalid page_size: 256, only 16, 32, 64, 128 are supported',
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 80, 96, 160, 192, 224, 512, (192, 128)),
+                (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-77b2062c',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has no '
+                        'parameter for ALiBi slopes'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-77b2062c',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has no '
+                        'parameter for ALiBi slopes'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32, 80, 96, 160, 192, 224, 512, (192, 128)),
+                (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-77b2062c',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has no '
+                        'parameter for a logits softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-77b2062c',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has no '
+                        'parameter for a logits softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), ((192, 128),),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-77b2062c',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has one '
+                        'head_dim: its output takes th...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64, 128, 256), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', '20261130-c981a5d2',
+                    'AssertionError: Output and query must have the same dtype',
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64, 128, 256), (('causal', 'paged_kv:256'),),
+                (
+                    'rejected', 'validated', '20261130-c981a5d2',
+                    'ValueError: Invalid page_size: 256, only 16, 32, 64, 128 are supported',
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64, 128, 256), (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261130-c981a5d2',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has no '
+                        'parameter for ALiBi slopes'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64, 128, 256), (('causal', 'softcap'),),
+                (
+                    'rejected', 'validated', '20261130-c981a5d2',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache has no '
+                        'parameter for a logits softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)),
+                (
+                    ('causal',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'sinks'),
+                    ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-db606204',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache is a decode '
+                        'entry point (one query to...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261130-db606204',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_batch_decode_with_kv_cache is a decode '
+                        'entry point (one query to...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('bfloat16', 'float16'), (64, 128, 256, 512),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('shipped', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_103',), ('decode',), ('bfloat16', 'float16'), (64, 128, 256, 512),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'varlen'),
+                ),
+                ('shipped', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+        ),
+        # TRT-LLM ragged (FlashInfer)
+        'trtllm_ragged': (
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal', 'fp8'),),
+                ('pass', 'declared', 'trtllm-ragged-fp8'),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('prefill', 'mla_prefill'), ('bfloat16',), (128, 256, (192, 128)),
+                ((), ('causal',), ('causal', 'varlen')), ('pass', 'declared', 'trtllm-ragged-mla-dims'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_110', 'sm_120'), ('mla_prefill',), ('bfloat16', 'float16'),
+                (128, (192, 128)),
+                (
+                    ('qk_rope:64',), ('causal', 'qk_rope:64'), ('alibi', 'causal', 'qk_rope:64'),
+                    ('causal', 'fp8', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('rejected', 'declared', 'trtllm-gen-not-hopper-consumer', 'Unsupported architecture'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_110', 'sm_120'), ('mla_prefill',), ('bfloat16', 'float16'),
+                (256,),
+                (
+                    ('qk_rope:0',), ('qk_rope:64',), ('causal', 'qk_rope:0'), ('causal', 'qk_rope:64'),
+                    ('alibi', 'causal', 'qk_rope:0'), ('alibi', 'causal', 'qk_rope:64'), ('causal', 'fp8', 'qk_rope:0'),
+                    ('causal', 'fp8', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:0'), ('causal', 'gqa', 'qk_rope:64'),
+                    ('causal', 'qk_rope:0', 'sinks'), ('causal', 'qk_rope:0', 'softcap'),
+                    ('causal', 'qk_rope:0', 'varlen'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('rejected', 'declared', 'trtllm-gen-not-hopper-consumer', 'Unsupported architecture'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_110', 'sm_120'), ('prefill', 'decode'),
+                ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('rejected', 'declared', 'trtllm-gen-not-hopper-consumer', 'Unsupported architecture'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_110', 'sm_120'), ('mla_prefill',), ('bfloat16', 'float16'),
+                (128, 256, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('rejected', 'declared', 'trtllm-gen-not-hopper-consumer-mla-totals', 'Unsupported architecture'),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16', 'float16'), (128, (192, 128)),
+                (('alibi', 'causal', 'qk_rope:64'),),
+                (
+                    'rejected', 'declared', 'trtllm-ragged-no-alibi',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no '
+                        'parameter for ALiBi slopes'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('alibi', 'causal', 'qk_rope:0'), ('alibi', 'causal', 'qk_rope:64')),
+                (
+                    'rejected', 'declared', 'trtllm-ragged-no-alibi',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no '
+                        'parameter for ALiBi slopes'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'declared', 'trtllm-ragged-no-alibi',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no '
+                        'parameter for ALiBi slopes'
+                    ),
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('prefill', 'decode'),
+                ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'rejected', 'declared', 'trtllm-ragged-no-page-table',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek takes no '
+                        'block table: K/V are packed r...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16', 'float16'), (128, (192, 128)),
+                (('causal', 'qk_rope:64', 'softcap'),),
+                (
+                    'rejected', 'declared', 'trtllm-ragged-no-softcap',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no '
+                        'parameter for a logits softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('causal', 'qk_rope:0', 'softcap'), ('causal', 'qk_rope:64', 'softcap')),
+                (
+                    'rejected', 'declared', 'trtllm-ragged-no-softcap',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no '
+                        'parameter for a logits softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'softcap'),),
+                (
+                    'rejected', 'declared', 'trtllm-ragged-no-softcap',
+                    (
+                        'attnmatrix: the API cannot express this case: trtllm_ragged_attention_deepseek has no '
+                        'parameter for a logits softcap'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('prefill',), ('bfloat16', 'float16'), (32, 64, 80, 96, 160, 192, 224, 512),
+                ((), ('causal',)),
+                (
+                    'rejected', 'declared', 'trtllm-ragged-other-dims',
+                    (
+                        'Unsupported head dimensions: query={d}, key={d}, value={d}. Supported: (192, 192, 128) for '
+                        'DeepSeek-R1, (128, 128, 12...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (
+                    ('qk_rope:0',), ('causal', 'qk_rope:0'), ('causal', 'fp8', 'qk_rope:0'),
+                    ('causal', 'gqa', 'qk_rope:0'), ('causal', 'qk_rope:0', 'varlen'),
+                ),
+                (
+                    'rejected', 'declared', 'vllm-trtllm-ragged-mla-dims-256-0-256',
+                    (
+                        'Model does not have supported MLA dimensions (got (qk_nope_head_dim=256, '
+                        'qk_rope_head_dim=0, v_head_dim=256); support...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16', 'float16'), (128,),
+                (
+                    ('qk_rope:64',), ('causal', 'qk_rope:64'), ('causal', 'fp8', 'qk_rope:64'),
+                    ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                (
+                    'rejected', 'declared', 'vllm-trtllm-ragged-mla-dims-64-64-128',
+                    (
+                        'Model does not have supported MLA dimensions (got (qk_nope_head_dim=64, '
+                        'qk_rope_head_dim=64, v_head_dim=128); support...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('bfloat16',), (32, 64, 80, 96, 160, 192, 224, 512),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill',), ('bfloat16',), (32, 64, 80, 96, 160, 192, 224, 512),
+                (('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16',), (128, 256, (192, 128)), (('sliding_window',),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 160, 192, 224, 512),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('float16',), (256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('float16',),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('float16',), (32, 64, 80, 96, 160, 192, 224, 256, 512, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('float16',), (256, (192, 128)),
+                ((), ('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill',), ('float16',), (32, 64, 80, 96, 160, 192, 224, 512),
+                (('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill',), ('float16',), (256, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('float16',), (128,),
+                (('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_100/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('bfloat16',), (32, 64, 80, 96, 160, 192, 224, 512),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill',), ('bfloat16',), (32, 64, 80, 96, 160, 192, 224, 512),
+                (('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (128, 256, (192, 128)), (('sliding_window',),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=BF16, dtypeKv=BF16, dtypeO=BF16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 160, 192, 224, 512),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=BF16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('float16',), (256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('float16',),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=E4M3, dtypeKv=E4M3, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('float16',), (32, 64, 80, 96, 160, 192, 224, 256, 512, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('float16',), (256, (192, 128)),
+                ((), ('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill',), ('float16',), (32, 64, 80, 96, 160, 192, 224, 512),
+                (('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill',), ('float16',), (256, (192, 128)),
+                ((), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('float16',), (128,),
+                (('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                (
+                    'rejected', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24',
+                    (
+                        'Trtllm-gen kernels not found: SM=kSM_103/kSM_100f, dtypeQ=FP16, dtypeKv=FP16, dtypeO=FP16, '
+                        'qkvLayout=SeparateQkv, ker...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('bfloat16',), (128, 256, (192, 128)),
+                ((), ('causal',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                ('shipped', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('bfloat16',), (256,),
+                (('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'sinks')),
+                ('shipped', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal', 'gqa'), ('causal', 'sinks')),
+                ('shipped', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_100',), ('prefill',), ('bfloat16',), (128, 256, (192, 128)),
+                (('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'sinks')),
+                ('shipped', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('float16',), (128,), ((),),
+                ('shipped', 'shipped', 'shipped:sm_100a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_103',), ('decode',), ('bfloat16',), (128, 256, (192, 128)),
+                ((), ('causal',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'varlen')),
+                ('shipped', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('bfloat16',), (256,),
+                (('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'sinks')),
+                ('shipped', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('bfloat16',), ((192, 128),), (('causal', 'gqa'), ('causal', 'sinks')),
+                ('shipped', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_103',), ('prefill',), ('bfloat16',), (128, 256, (192, 128)),
+                (('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'sinks')),
+                ('shipped', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('float16',), (128,), ((),),
+                ('shipped', 'shipped', 'shipped:sm_103a:flashinfer-cubin:0.6.13:2026-06-24'),
+            ),
+        ),
+        # vLLM's FlashAttention 2 build
+        'vllm_fa2': (
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('mla_prefill',),
+                ('bfloat16', 'float16'), (128, (192, 128)),
+                (
+                    ('qk_rope:64',), ('causal', 'qk_rope:64'), ('alibi', 'causal', 'qk_rope:64'),
+                    ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:64', 'softcap'),
+                    ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('pass', 'declared', 'vllm-fa2-mla-prefill-padded-v'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('mla_prefill',),
+                ('bfloat16', 'float16'), (256,),
+                (
+                    ('qk_rope:0',), ('qk_rope:64',), ('causal', 'qk_rope:0'), ('causal', 'qk_rope:64'),
+                    ('alibi', 'causal', 'qk_rope:0'), ('alibi', 'causal', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:0'),
+                    ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:0', 'softcap'),
+                    ('causal', 'qk_rope:0', 'varlen'), ('causal', 'qk_rope:64', 'softcap'),
+                    ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('pass', 'declared', 'vllm-fa2-mla-prefill-padded-v'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('prefill', 'decode'),
+                ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'declared', 'vllm-fa2-ptx-sm80'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('prefill', 'decode'),
+                ('bfloat16', 'float16'), ((192, 128), (256, 64), (256, 128)), ((), ('causal',)),
+                (
+                    'rejected', 'declared', 'vllm-fa2-diff-headdim-v',
+                    'v must have shape (total_k, num_heads_k, head_size_og)',
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('mla_prefill',),
+                ('bfloat16', 'float16'), (128, (192, 128)), (('causal', 'fp8', 'qk_rope:64'),),
+                ('rejected', 'declared', 'vllm-fa2-fp8', 'FlashAttention only support fp16 and bf16 data type'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('mla_prefill',),
+                ('bfloat16', 'float16'), (256,), (('causal', 'fp8', 'qk_rope:0'), ('causal', 'fp8', 'qk_rope:64')),
+                ('rejected', 'declared', 'vllm-fa2-fp8', 'FlashAttention only support fp16 and bf16 data type'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('prefill', 'decode'),
+                ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (('causal', 'fp8'),),
+                ('rejected', 'declared', 'vllm-fa2-fp8', 'FlashAttention only support fp16 and bf16 data type'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('prefill', 'decode'),
+                ('bfloat16', 'float16'), (512,), ((), ('causal',)),
+                (
+                    'rejected', 'declared', 'vllm-fa2-headdim-512',
+                    'FlashAttention forward only supports head dimension at most 256',
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('mla_prefill',),
+                ('bfloat16', 'float16'), (128, (192, 128)), (('causal', 'qk_rope:64', 'sinks'),),
+                ('rejected', 'declared', 'vllm-fa2-no-sinks', 'NotImplementedError: FA2 does not support s_aux'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('mla_prefill',),
+                ('bfloat16', 'float16'), (256,), (('causal', 'qk_rope:0', 'sinks'), ('causal', 'qk_rope:64', 'sinks')),
+                ('rejected', 'declared', 'vllm-fa2-no-sinks', 'NotImplementedError: FA2 does not support s_aux'),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('prefill', 'decode'),
+                ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (('causal', 'sinks'),),
+                ('rejected', 'declared', 'vllm-fa2-no-sinks', 'NotImplementedError: FA2 does not support s_aux'),
+            ),
+        ),
+        # vLLM's FlashAttention 3 build
+        'vllm_fa3': (
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (128, (192, 128)), (('qk_rope:64',),),
+                ('pass', 'declared', 'vllm-fa3-sm90-mla-prefill'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,), (('qk_rope:0',), ('qk_rope:64',)),
+                ('pass', 'declared', 'vllm-fa3-sm90-mla-prefill'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (128, 256, (192, 128)), ((), ('causal',)),
+                ('pass', 'declared', 'vllm-fa3-sm90-mla-prefill-totals'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (32,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (64, 80, 96, 128),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (160, 192, 224),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (256,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), ((192, 128),),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'),
+                    ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (32,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'),
+                    ('causal', 'paged_kv:64'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (64, 80, 96, 128),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (160, 192, 224),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), (256,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('float16',), ((192, 128),),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (128,),
+                (
+                    ('causal', 'qk_rope:64'), ('causal', 'fp8', 'qk_rope:64'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), ((192, 128),),
+                (('causal', 'qk_rope:64'), ('causal', 'fp8', 'qk_rope:64'), ('causal', 'qk_rope:64', 'varlen')),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('causal', 'qk_rope:0', 'sinks'), ('causal', 'qk_rope:0', 'softcap')),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (128,),
+                (
+                    ('causal', 'qk_rope:64'), ('causal', 'qk_rope:64', 'sinks'), ('causal', 'qk_rope:64', 'softcap'),
+                    ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), ((192, 128),),
+                (('causal', 'qk_rope:64'), ('causal', 'qk_rope:64', 'varlen')),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (32, 64),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (80,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'),
+                    ('causal', 'sinks'), ('causal', 'softcap'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (128,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'sinks'), ('causal', 'softcap'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (160,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (224,),
+                (
+                    ('causal',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'), ('causal', 'sinks'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (256,),
+                (
+                    (), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'paged_kv:32'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (96,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:32'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (192,),
+                (
+                    (), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'),
+                    ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), ((192, 128),),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'),
+                    ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (32, 64),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (80,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'), ('causal', 'sinks'), ('causal', 'softcap'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (128,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'sinks'), ('causal', 'softcap'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (160,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (224,),
+                (
+                    ('causal',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:32'), ('causal', 'sinks'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (256,),
+                (
+                    (), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'),
+                ),
+                ('pass', 'validated', '20261201-e17eb007'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), (32,), (('causal', 'sinks'),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), (160, 192, 224), (('causal', 'gqa'),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), (256,),
+                (('causal', 'paged_kv:16'), ('causal', 'varlen')), ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16', 'float16'), ((192, 128),),
+                (('causal', 'gqa'), ('causal', 'paged_kv:256')), ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256,),
+                (
+                    ('causal', 'qk_rope:0'), ('causal', 'qk_rope:64'), ('causal', 'fp8', 'qk_rope:0'),
+                    ('causal', 'fp8', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:0'), ('causal', 'gqa', 'qk_rope:64'),
+                    ('causal', 'qk_rope:0', 'varlen'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (128,), (('causal', 'gqa', 'qk_rope:64'),),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), ((192, 128),),
+                (('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:64', 'softcap')),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256,),
+                (
+                    ('causal', 'qk_rope:0'), ('causal', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:0'),
+                    ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:0', 'varlen'),
+                    ('causal', 'qk_rope:64', 'sinks'), ('causal', 'qk_rope:64', 'softcap'),
+                    ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (96,),
+                (('causal', 'fp8'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64')),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (192,),
+                (
+                    ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:256'), ('causal', 'sinks'),
+                ),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), ((192, 128),),
+                (
+                    ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (80,),
+                (('causal', 'gqa'), ('causal', 'paged_kv:64'), ('causal', 'varlen')),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (128,),
+                (
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (160,),
+                (('causal', 'paged_kv:256'), ('causal', 'paged_kv:32'), ('causal', 'varlen')),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (224,),
+                (
+                    (), ('sliding_window',), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64'),
+                    ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16', 'float16'), (256,),
+                (
+                    ('causal',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (96,),
+                (('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64')),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), (192,),
+                (
+                    ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:256'), ('causal', 'sinks'),
+                ),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('float16',), ((192, 128),),
+                (('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:64')),
+                ('pass', 'validated', 'dtype-pairs-20261202'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (128, (192, 128)), (('causal', 'fp8', 'qk_rope:64'),),
+                (
+                    'rejected', 'declared', 'vllm-fa3-fp8-writes-bf16',
+                    (
+                        'For FP16/BF16 input, output must have the same dtype as inputs. For FP8 input, output must '
+                        'have dtype BF16'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('float16',), (256,),
+                (('causal', 'fp8', 'qk_rope:0'), ('causal', 'fp8', 'qk_rope:64')),
+                (
+                    'rejected', 'declared', 'vllm-fa3-fp8-writes-bf16',
+                    (
+                        'For FP16/BF16 input, output must have the same dtype as inputs. For FP8 input, output must '
+                        'have dtype BF16'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('float16',), (32, 64, 80, 96, 128, 160, 192, 224, 256, (192, 128)),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'declared', 'vllm-fa3-fp8-writes-bf16',
+                    (
+                        'For FP16/BF16 input, output must have the same dtype as inputs. For FP8 input, output must '
+                        'have dtype BF16'
+                    ),
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('mla_prefill',),
+                ('bfloat16', 'float16'), (128, (192, 128)),
+                (
+                    ('qk_rope:64',), ('causal', 'qk_rope:64'), ('alibi', 'causal', 'qk_rope:64'),
+                    ('causal', 'fp8', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                (
+                    'rejected', 'declared', 'vllm-fa3-hopper-only',
+                    'FA3 is only supported on devices with compute capability 9.x',
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('mla_prefill',),
+                ('bfloat16', 'float16'), (256,),
+                (
+                    ('qk_rope:0',), ('qk_rope:64',), ('causal', 'qk_rope:0'), ('causal', 'qk_rope:64'),
+                    ('alibi', 'causal', 'qk_rope:0'), ('alibi', 'causal', 'qk_rope:64'), ('causal', 'fp8', 'qk_rope:0'),
+                    ('causal', 'fp8', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:0'), ('causal', 'gqa', 'qk_rope:64'),
+                    ('causal', 'qk_rope:0', 'sinks'), ('causal', 'qk_rope:0', 'softcap'),
+                    ('causal', 'qk_rope:0', 'varlen'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                (
+                    'rejected', 'declared', 'vllm-fa3-hopper-only',
+                    'FA3 is only supported on devices with compute capability 9.x',
+                ),
+            ),
+            (
+                ('sm_80', 'sm_86', 'sm_89', 'sm_100', 'sm_103', 'sm_110', 'sm_120'), ('prefill', 'decode'),
+                ('bfloat16', 'float16'), (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('alibi', 'causal'), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'declared', 'vllm-fa3-hopper-only',
+                    'FA3 is only supported on devices with compute capability 9.x',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (128, (192, 128)),
+                (('alibi', 'causal', 'qk_rope:64'),),
+                ('rejected', 'validated', '20261201-e17eb007', 'AssertionError: Alibi is not supported in FA3'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('alibi', 'causal', 'qk_rope:0'), ('alibi', 'causal', 'qk_rope:64')),
+                ('rejected', 'validated', '20261201-e17eb007', 'AssertionError: Alibi is not supported in FA3'),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('alibi', 'causal'),),
+                ('rejected', 'validated', '20261201-e17eb007', 'AssertionError: Alibi is not supported in FA3'),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'validated', '20261201-e17eb007',
+                    'RuntimeError: FlashAttention forward only supports head dimension at most 256',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16', 'float16'), ((192, 128),),
+                (('causal', 'qk_rope:64', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261201-e17eb007',
+                    "RuntimeError: We don't support S aux with hdim != hdim_v",
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16', 'float16'), ((192, 128),), (('causal', 'sinks'),),
+                (
+                    'rejected', 'validated', '20261201-e17eb007',
+                    "RuntimeError: We don't support S aux with hdim != hdim_v",
+                ),
+            ),
+        ),
+        # vLLM's FlashAttention 4 copy
+        'vllm_fa4': (
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), (128, (192, 128)),
+                (
+                    ('causal', 'qk_rope:64'), ('causal', 'fp8', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:64'),
+                    ('causal', 'qk_rope:64', 'sinks'), ('causal', 'qk_rope:64', 'softcap'),
+                    ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('compiled', 'compiled', '20261201-4386faee'),
+            ),
+            (
+                ('sm_110',), ('mla_prefill',), ('bfloat16', 'float16'), (128, (192, 128)),
+                (
+                    ('causal', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('compiled', 'compiled', '20261201-4386faee'),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (
+                    ('causal', 'qk_rope:0'), ('causal', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:0'),
+                    ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:0', 'varlen'),
+                    ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('compiled', 'compiled', '20261201-4386faee'),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('float16',), (128, (192, 128)),
+                (
+                    ('causal', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('compiled', 'compiled', '20261201-4386faee'),
+            ),
+            (
+                ('sm_103',), ('decode',), ('bfloat16',), (64,),
+                (
+                    ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', '20261201-5a72990e'),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('bfloat16',), ((192, 128),),
+                (
+                    ('causal',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', '20261201-5a72990e'),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('causal',), ('causal', 'gqa'), ('causal', 'varlen')), ('compiled', 'compiled', '20261201-5a72990e'),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('float16',), ((192, 128),),
+                (('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen')),
+                ('compiled', 'compiled', '20261201-5a72990e'),
+            ),
+            (
+                ('sm_103',), ('prefill',), ('bfloat16',), (64,),
+                (
+                    ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', '20261201-5a72990e'),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (80,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', '20261201-5a72990e'),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (96, 128, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', '20261201-5a72990e'),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16', 'float16'), (256,),
+                (('causal', 'gqa'), ('causal', 'varlen')), ('compiled', 'compiled', '20261201-5a72990e'),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('float16',), (64, 80, 96, 128, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', '20261201-5a72990e'),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, (192, 128)), (('causal', 'paged_kv:32'),),
+                ('compiled', 'compiled', '20261201-a30ee74e'),
+            ),
+            (
+                ('sm_110',), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('causal',), ('causal', 'gqa'), ('causal', 'varlen')), ('compiled', 'compiled', '20261201-ddcd6f81'),
+            ),
+            (
+                ('sm_110',), ('mla_prefill',), ('bfloat16', 'float16'), ((192, 128),),
+                (('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen')),
+                ('compiled', 'compiled', '20261201-ddcd6f81'),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32, 64, 80, 96, 128, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', '20261201-ddcd6f81'),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16', 'float16'), (256,),
+                ((), ('causal',), ('causal', 'gqa'), ('causal', 'paged_kv:128'), ('causal', 'varlen')),
+                ('compiled', 'compiled', '20261201-ddcd6f81'),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('prefill', 'decode'), ('float16',), (256,),
+                ((), ('causal',), ('sliding_window',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                ('compiled', 'compiled', '20261202-1a30541c'),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('prefill', 'decode'), ('bfloat16',), (256,),
+                ((), ('causal',), ('sliding_window',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:256')),
+                ('compiled', 'compiled', '20261202-ffaa780d'),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('bfloat16',), ((192, 128),),
+                (
+                    ('causal',), ('causal', 'fp8'), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('causal',), ('causal', 'gqa'), ('causal', 'varlen')),
+                ('compiled', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('float16',), ((192, 128),),
+                (('causal',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen')),
+                ('compiled', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 96, 128, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16',), (80,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16', 'float16'), (256,),
+                (('causal', 'gqa'), ('causal', 'varlen')),
+                ('compiled', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('float16',), (32, 64, 80, 96, 128, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01'),
+            ),
+            (
+                ('sm_103',), ('decode',), ('bfloat16',), (64,), ((), ('causal',)),
+                ('compiled', 'compiled', 'xcompile:sm_103a:vllm:0.33.0:2026-12-01'),
+            ),
+            (
+                ('sm_103',), ('prefill',), ('bfloat16',), (64,), ((), ('causal',), ('sliding_window',)),
+                ('compiled', 'compiled', 'xcompile:sm_103a:vllm:0.33.0:2026-12-01'),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (32,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', 'xcompile:sm_103a:vllm:0.33.0:2026-12-01'),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('float16',), (32,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('compiled', 'compiled', 'xcompile:sm_103a:vllm:0.33.0:2026-12-01'),
+            ),
+            (
+                ('sm_90',), ('decode',), ('bfloat16',), (160, 224),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'crash', 'validated', '20261201-ac4414fe',
+                    (
+                        'kernel fault reported after the case: AcceleratorError: CUDA error: an illegal memory '
+                        'access was encountered; its rec...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill',), ('bfloat16',), (160, 224),
+                (
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'),
+                ),
+                (
+                    'crash', 'validated', '20261201-ac4414fe',
+                    'kernel fault: AcceleratorError: CUDA error: an illegal memory access was encountered',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (128, (192, 128)),
+                (
+                    ('causal', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:64', 'sinks'),
+                    ('causal', 'qk_rope:64', 'softcap'), ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-ac4414fe'),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256,),
+                (
+                    ('causal', 'qk_rope:0'), ('causal', 'qk_rope:64'), ('causal', 'gqa', 'qk_rope:0'),
+                    ('causal', 'gqa', 'qk_rope:64'), ('causal', 'qk_rope:0', 'sinks'),
+                    ('causal', 'qk_rope:0', 'softcap'), ('causal', 'qk_rope:0', 'varlen'),
+                    ('causal', 'qk_rope:64', 'sinks'), ('causal', 'qk_rope:64', 'softcap'),
+                    ('causal', 'qk_rope:64', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-ac4414fe'),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 128, 192, 256, 512, (192, 128)),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-ac4414fe'),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (160, 224),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                ('pass', 'validated', '20261201-ac4414fe'),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (512,), (('causal', 'fp8'),),
+                ('pass', 'validated', 'validated:sm_90:vllm:0.33.0:2026-12-02'),
+            ),
+            (
+                ('sm_110',), ('mla_prefill',), ('bfloat16',), (128, (192, 128)), (('causal', 'fp8', 'qk_rope:64'),),
+                (
+                    'rejected', 'compiled', '20261201-4386faee',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_110',), ('mla_prefill',), ('bfloat16',), (256,),
+                (('causal', 'fp8', 'qk_rope:0'), ('causal', 'fp8', 'qk_rope:64')),
+                (
+                    'rejected', 'compiled', '20261201-4386faee',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('mla_prefill',), ('bfloat16',), (256,),
+                (('causal', 'fp8', 'qk_rope:0'), ('causal', 'fp8', 'qk_rope:64')),
+                (
+                    'rejected', 'compiled', '20261201-4386faee',
+                    'AssertionError: SM100 forward with head_dim=256 does not support descale_tensors',
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('causal', 'qk_rope:0', 'sinks'), ('causal', 'qk_rope:64', 'sinks')),
+                (
+                    'rejected', 'compiled', '20261201-4386faee',
+                    'AssertionError: SM100 forward with head_dim=256 does not support learnable_sink',
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('causal', 'qk_rope:0', 'softcap'), ('causal', 'qk_rope:64', 'softcap')),
+                (
+                    'rejected', 'compiled', '20261201-4386faee',
+                    'AssertionError: SM100 forward with head_dim=256 does not support softcap',
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('mla_prefill',), ('bfloat16', 'float16'), (128, (192, 128)),
+                (('alibi', 'causal', 'qk_rope:64'),),
+                (
+                    'rejected', 'compiled', '20261201-4386faee',
+                    (
+                        'attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 '
+                        '(vllm/vllm_flash_attn/flash_attn_interf...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('mla_prefill',), ('bfloat16', 'float16'), (256,),
+                (('alibi', 'causal', 'qk_rope:0'), ('alibi', 'causal', 'qk_rope:64')),
+                (
+                    'rejected', 'compiled', '20261201-4386faee',
+                    (
+                        'attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 '
+                        '(vllm/vllm_flash_attn/flash_attn_interf...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill',), ('bfloat16',), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    (
+                        'AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert '
+                        'self.tmem_total <= self.tmem_...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill',), ('float16',), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    (
+                        'AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert '
+                        'self.tmem_total <= self.tmem_...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (160,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('float16',), (160,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (192,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('float16',), (192,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (224,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('float16',), (224,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('bfloat16', 'float16'), (256,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    'AssertionError: SM100 forward with head_dim=256 does not support descale_tensors',
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (256,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    'AssertionError: SM100 forward with head_dim=256 does not support descale_tensors',
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode', 'mla_prefill'), ('bfloat16', 'float16'), (256,),
+                (('causal', 'sinks'),),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    'AssertionError: SM100 forward with head_dim=256 does not support learnable_sink',
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode', 'mla_prefill'), ('bfloat16', 'float16'), (256,),
+                (('causal', 'softcap'),),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    'AssertionError: SM100 forward with head_dim=256 does not support softcap',
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('bfloat16',), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    'AssertionError: SplitKV is not supported for hdim >= 192',
+                ),
+            ),
+            (
+                ('sm_103',), ('decode',), ('float16',), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    'AssertionError: SplitKV is not supported for hdim >= 192',
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16',), (80,), (('causal', 'fp8'),),
+                ('rejected', 'compiled', '20261201-5a72990e', 'MLIRError: Operation creation failed:'),
+            ),
+            (
+                ('sm_103',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    (
+                        'attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 '
+                        '(vllm/vllm_flash_attn/flash_attn_interf...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'compiled', '20261201-5a72990e',
+                    (
+                        'attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 '
+                        '(vllm/vllm_flash_attn/flash_attn_interf...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('prefill',), ('bfloat16', 'float16'), (512,), (('causal', 'paged_kv:32'),),
+                (
+                    'rejected', 'compiled', '20261201-a30ee74e',
+                    (
+                        'AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert '
+                        'self.tmem_total <= self.tmem_...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16', 'float16'), (512,), (('causal', 'paged_kv:32'),),
+                (
+                    'rejected', 'compiled', '20261201-a30ee74e',
+                    (
+                        'AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert '
+                        'self.tmem_total <= self.tmem_...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('prefill', 'decode'), ('bfloat16', 'float16'), (160,),
+                (('causal', 'paged_kv:32'),),
+                (
+                    'rejected', 'compiled', '20261201-a30ee74e',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('prefill', 'decode'), ('bfloat16', 'float16'), (192,),
+                (('causal', 'paged_kv:32'),),
+                (
+                    'rejected', 'compiled', '20261201-a30ee74e',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('prefill', 'decode'), ('bfloat16', 'float16'), (224,),
+                (('causal', 'paged_kv:32'),),
+                (
+                    'rejected', 'compiled', '20261201-a30ee74e',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16', 'float16'), (256,), (('causal', 'paged_kv:32'),),
+                (
+                    'rejected', 'compiled', '20261201-a30ee74e',
+                    'AssertionError: SM100 hd256 2CTA supports TMA paged KV only (page_size must equal tile_n=128)',
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('decode',), ('bfloat16', 'float16'), (512,), (('causal', 'paged_kv:32'),),
+                (
+                    'rejected', 'compiled', '20261201-a30ee74e',
+                    'AssertionError: SplitKV is not supported for hdim >= 192',
+                ),
+            ),
+            (
+                ('sm_110',), ('decode',), ('bfloat16', 'float16'), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'),
+                    ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'),
+                    ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    (
+                        'AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert '
+                        'self.tmem_total <= self.tmem_...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill',), ('bfloat16', 'float16'), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    (
+                        'AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert '
+                        'self.tmem_total <= self.tmem_...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16',), (160,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('float16',), (160,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16',), (192,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('float16',), (192,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16',), (224,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('float16',), (224,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 128, 256, 512, (192, 128)),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode', 'mla_prefill'), ('bfloat16', 'float16'), (256,),
+                (('causal', 'sinks'),),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    'AssertionError: SM100 forward with head_dim=256 does not support learnable_sink',
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16', 'float16'), (256,), (('sliding_window',),),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    (
+                        'AssertionError: SM100 forward with head_dim=256 does not support local attention without '
+                        'seqused_q/seqused_k'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode', 'mla_prefill'), ('bfloat16', 'float16'), (256,),
+                (('causal', 'softcap'),),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    'AssertionError: SM100 forward with head_dim=256 does not support softcap',
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16', 'float16'), (256,),
+                (('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64')),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    'AssertionError: SM100 hd256 2CTA supports TMA paged KV only (page_size must equal tile_n=128)',
+                ),
+            ),
+            (
+                ('sm_110',), ('decode',), ('bfloat16', 'float16'), (512,), (('causal', 'gqa'),),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    'AssertionError: SplitKV is not supported for hdim >= 192',
+                ),
+            ),
+            (
+                ('sm_110',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    (
+                        'attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 '
+                        '(vllm/vllm_flash_attn/flash_attn_interf...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'compiled', '20261201-ddcd6f81',
+                    (
+                        'attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 '
+                        '(vllm/vllm_flash_attn/flash_attn_interf...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('prefill', 'decode'), ('float16',), (256,),
+                (('causal', 'paged_kv:16'), ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64')),
+                (
+                    'rejected', 'compiled', '20261202-1a30541c',
+                    'AssertionError: SM100 hd256 2CTA supports TMA paged KV only (page_size must equal tile_n=128)',
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103'), ('prefill', 'decode'), ('bfloat16',), (256,),
+                (('causal', 'paged_kv:16'), ('causal', 'paged_kv:32'), ('causal', 'paged_kv:64')),
+                (
+                    'rejected', 'compiled', '20261202-ffaa780d',
+                    'AssertionError: SM100 hd256 2CTA supports TMA paged KV only (page_size must equal tile_n=128)',
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill',), ('bfloat16',), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    (
+                        'AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert '
+                        'self.tmem_total <= self.tmem_...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill',), ('float16',), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    (
+                        'AssertionError (no message) at vllm/vllm_flash_attn/cute/flash_fwd_sm100.py:353: assert '
+                        'self.tmem_total <= self.tmem_...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16',), (160,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('float16',), (160,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(160, 160) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16',), (192,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('float16',), (192,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(192, 192) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16',), (224,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('float16',), (224,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    (
+                        'AssertionError: (head_dim, head_dim_v)=(224, 224) is not supported on SM100/SM110. head_dim '
+                        'and head_dim_v must be be...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('bfloat16', 'float16'), (256,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    'AssertionError: SM100 forward with head_dim=256 does not support descale_tensors',
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16',), (256,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    'AssertionError: SM100 forward with head_dim=256 does not support descale_tensors',
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode', 'mla_prefill'), ('bfloat16', 'float16'), (256,),
+                (('causal', 'sinks'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    'AssertionError: SM100 forward with head_dim=256 does not support learnable_sink',
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode', 'mla_prefill'), ('bfloat16', 'float16'), (256,),
+                (('causal', 'softcap'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    'AssertionError: SM100 forward with head_dim=256 does not support softcap',
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('bfloat16',), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'fp8'), ('causal', 'gqa'),
+                    ('causal', 'paged_kv:128'), ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'),
+                    ('causal', 'paged_kv:64'), ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    'AssertionError: SplitKV is not supported for hdim >= 192',
+                ),
+            ),
+            (
+                ('sm_100',), ('decode',), ('float16',), (512,),
+                (
+                    (), ('causal',), ('sliding_window',), ('causal', 'gqa'), ('causal', 'paged_kv:128'),
+                    ('causal', 'paged_kv:16'), ('causal', 'paged_kv:256'), ('causal', 'paged_kv:64'),
+                    ('causal', 'sinks'), ('causal', 'softcap'), ('causal', 'varlen'),
+                ),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    'AssertionError: SplitKV is not supported for hdim >= 192',
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16',), (80,), (('causal', 'fp8'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    'MLIRError: Operation creation failed:',
+                ),
+            ),
+            (
+                ('sm_100',), ('mla_prefill',), ('bfloat16', 'float16'), (256, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    (
+                        'attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 '
+                        '(vllm/vllm_flash_attn/flash_attn_interf...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100',), ('prefill', 'decode'), ('bfloat16', 'float16'),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_100a:vllm:0.33.0:2026-12-01',
+                    (
+                        'attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 '
+                        '(vllm/vllm_flash_attn/flash_attn_interf...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_103',), ('prefill', 'decode'), ('bfloat16', 'float16'), (32,), (('alibi', 'causal'),),
+                (
+                    'rejected', 'compiled', 'xcompile:sm_103a:vllm:0.33.0:2026-12-01',
+                    (
+                        'attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 '
+                        '(vllm/vllm_flash_attn/flash_attn_interf...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('mla_prefill',), ('float16',), (128, (192, 128)),
+                (('causal', 'fp8', 'qk_rope:64'),),
+                (
+                    'rejected', 'declared', 'vllm-fa4-fp8-writes-bf16',
+                    'out dtype torch.float16 != expected torch.bfloat16',
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('mla_prefill',), ('float16',), (256,),
+                (('causal', 'fp8', 'qk_rope:0'), ('causal', 'fp8', 'qk_rope:64')),
+                (
+                    'rejected', 'declared', 'vllm-fa4-fp8-writes-bf16',
+                    'out dtype torch.float16 != expected torch.bfloat16',
+                ),
+            ),
+            (
+                ('sm_100', 'sm_103', 'sm_110'), ('prefill', 'decode'), ('float16',),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'fp8'),),
+                (
+                    'rejected', 'declared', 'vllm-fa4-fp8-writes-bf16',
+                    'out dtype torch.float16 != expected torch.bfloat16',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (128, (192, 128)), (('alibi', 'causal', 'qk_rope:64'),),
+                (
+                    'rejected', 'validated', '20261201-ac4414fe',
+                    (
+                        'attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 '
+                        '(vllm/vllm_flash_attn/flash_attn_interf...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256,),
+                (('alibi', 'causal', 'qk_rope:0'), ('alibi', 'causal', 'qk_rope:64')),
+                (
+                    'rejected', 'validated', '20261201-ac4414fe',
+                    (
+                        'attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 '
+                        '(vllm/vllm_flash_attn/flash_attn_interf...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('alibi', 'causal'),),
+                (
+                    'rejected', 'validated', '20261201-ac4414fe',
+                    (
+                        'attnmatrix: the API cannot express this case: vLLM does not pass ALiBi to FA4 '
+                        '(vllm/vllm_flash_attn/flash_attn_interf...'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (160, 192), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', 'validated:sm_90:vllm:0.33.0:2026-12-02',
+                    (
+                        'AssertionError: FA4 SM90 fp8-KV-dequant requires the paged-KV page_size == tile_n (112); '
+                        'got page_size=64.'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (32, 64, 80, 96, 128, (192, 128)),
+                (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', 'validated:sm_90:vllm:0.33.0:2026-12-02',
+                    (
+                        'AssertionError: FA4 SM90 fp8-KV-dequant requires the paged-KV page_size == tile_n (128); '
+                        'got page_size=64.'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('prefill', 'decode'), ('bfloat16',), (224, 256), (('causal', 'fp8'),),
+                (
+                    'rejected', 'validated', 'validated:sm_90:vllm:0.33.0:2026-12-02',
+                    (
+                        'AssertionError: FA4 SM90 fp8-KV-dequant requires the paged-KV page_size == tile_n (80); got '
+                        'page_size=64.'
+                    ),
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (128, (192, 128)), (('causal', 'fp8', 'qk_rope:64'),),
+                (
+                    'rejected', 'validated', 'validated:sm_90:vllm:0.33.0:2026-12-02',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
+            (
+                ('sm_90',), ('mla_prefill',), ('bfloat16',), (256,),
+                (('causal', 'fp8', 'qk_rope:0'), ('causal', 'fp8', 'qk_rope:64')),
+                (
+                    'rejected', 'validated', 'validated:sm_90:vllm:0.33.0:2026-12-02',
+                    'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
+                ),
+            ),
         ),
     },
-    # arch -> (op, dtype, head_dim, head_dim_v) -> feature set -> (backend, like-for-like ms (see
+    # arch -> (op, dtype, head_dim, head_dim_v, feature set) -> (backend, like-for-like ms (see
     # selector_engine.measured_latencies)[, shapes it completed, most shapes completed]), fastest first
     'measured': {
         'sm_90': {
-            ('prefill', 'bfloat16', 32, 32): {'none': (('fa4', 0.2288), ('vllm_fa4', 0.2296), ('fa2', 0.3069), ('sdpa_cudnn', 0.3083), ('vllm_fa3', 0.3134), ('sdpa_flash', 0.3606), ('sdpa_efficient', 1.051), ('sdpa_math', 6.804)), 'causal': (('fa4', 0.1484), ('vllm_fa4', 0.1691), ('sdpa_cudnn', 0.1801), ('fa2', 0.1946), ('sdpa_flash', 0.203), ('vllm_fa3', 0.2037), ('sdpa_efficient', 0.6525), ('sdpa_math', 8.669)), 'sliding_window': (('fa4', 0.07846), ('vllm_fa4', 0.07895), ('fa2', 0.0945), ('vllm_fa3', 0.1265), ('sdpa_cudnn', 0.5263), ('sdpa_efficient', 1.482), ('sdpa_math', 9.311)), 'alibi+causal': (('fa2', 0.205), ('sdpa_cudnn', 0.5492), ('sdpa_efficient', 1.629), ('sdpa_math', 9.395)), 'causal+fp8': (('vllm_fa3', 0.1966),), 'causal+gqa': (('fa4', 0.1364), ('vllm_fa4', 0.1522), ('sdpa_cudnn', 0.1789), ('fa2', 0.1808), ('sdpa_flash', 0.2007), ('vllm_fa3', 0.2095), ('sdpa_math', 8.639)), 'causal+paged_kv:128': (('fa4', 0.1504), ('vllm_fa4', 0.1787), ('vllm_fa3', 0.2416)), 'causal+paged_kv:16': (('fa4', 0.1632), ('vllm_fa4', 0.1901), ('vllm_fa3', 0.2174)), 'causal+paged_kv:256': (('vllm_fa4', 0.1884), ('fa4', 0.1986), ('vllm_fa3', 0.2048), ('fa2', 0.2483)), 'causal+paged_kv:32': (('vllm_fa3', 0.2172),), 'causal+paged_kv:64': (('fa4', 0.1603), ('vllm_fa4', 0.189), ('vllm_fa3', 0.2178)), 'causal+sinks': (('fa4', 0.1472), ('vllm_fa4', 0.163), ('vllm_fa3', 0.206)), 'causal+softcap': (('vllm_fa3', 0.2642), ('fa2', 0.275), ('fa4', 0.4975), ('vllm_fa4', 0.5868)), 'causal+varlen': (('fa4', 0.1524), ('vllm_fa4', 0.1656), ('fa2', 0.1853), ('vllm_fa3', 0.1896))},
-            ('prefill', 'bfloat16', 64, 64): {'none': (('vllm_fa4', 0.2732), ('fa4', 0.2807), ('sdpa_cudnn', 0.2974), ('flashinfer', 0.3355), ('vllm_fa3', 0.3378), ('fa2', 0.4579), ('sdpa_flash', 0.4674), ('sdpa_efficient', 1.102), ('sdpa_math', 8.227)), 'causal': (('fa4', 0.1808), ('sdpa_cudnn', 0.1811), ('flashinfer', 0.1935), ('vllm_fa3', 0.2073), ('vllm_fa4', 0.2082), ('fa2', 0.2739), ('sdpa_flash', 0.2799), ('sdpa_efficient', 0.6077), ('sdpa_math', 10.09)), 'sliding_window': (('fa4', 0.09388), ('vllm_fa4', 0.09573), ('vllm_fa3', 0.1315), ('fa2', 0.1479), ('flashinfer', 0.1576), ('sdpa_cudnn', 0.66), ('sdpa_efficient', 1.622), ('sdpa_math', 10.73)), 'alibi+causal': (('fa2', 0.3638), ('sdpa_cudnn', 0.5481), ('flashinfer', 0.7732), ('sdpa_efficient', 1.69), ('sdpa_math', 10.82)), 'causal+fp8': (('vllm_fa3', 0.2027),), 'causal+gqa': (('fa4', 0.1709), ('vllm_fa3', 0.1754), ('sdpa_cudnn', 0.1796), ('vllm_fa4', 0.1846), ('flashinfer', 0.1946), ('sdpa_flash', 0.282), ('fa2', 0.3126), ('sdpa_math', 9.99)), 'causal+paged_kv:128': (('fa4', 0.1845), ('vllm_fa4', 0.2088), ('vllm_fa3', 0.2123), ('flashinfer', 0.2248)), 'causal+paged_kv:16': (('fa4', 0.2096), ('vllm_fa3', 0.2227), ('vllm_fa4', 0.233), ('flashinfer', 0.2611)), 'causal+paged_kv:256': (('fa4', 0.1984), ('vllm_fa3', 0.2109), ('flashinfer', 0.2245), ('vllm_fa4', 0.2252), ('fa2', 0.4483)), 'causal+paged_kv:32': (('vllm_fa3', 0.2216),), 'causal+paged_kv:64': (('fa4', 0.207), ('flashinfer', 0.2217), ('vllm_fa4', 0.2249), ('vllm_fa3', 0.2607)), 'causal+sinks': (('fa4', 0.1928), ('vllm_fa4', 0.199), ('vllm_fa3', 0.211)), 'causal+softcap': (('vllm_fa3', 0.2686), ('flashinfer', 0.2751), ('fa2', 0.3421), ('fa4', 0.5323), ('vllm_fa4', 0.5455)), 'causal+varlen': (('fa4', 0.2209), ('flashinfer', 0.2242), ('vllm_fa4', 0.2364), ('vllm_fa3', 0.2798), ('fa2', 0.3464))},
-            ('prefill', 'bfloat16', 80, 80): {'none': (('vllm_fa4', 0.3335), ('fa4', 0.3492), ('vllm_fa3', 0.3638), ('sdpa_cudnn', 0.4055), ('fa2', 0.6185), ('sdpa_flash', 0.662), ('sdpa_efficient', 1.558), ('sdpa_math', 9.799)), 'causal': (('fa4', 0.2324), ('vllm_fa4', 0.2355), ('sdpa_cudnn', 0.2579), ('vllm_fa3', 0.2653), ('fa2', 0.3646), ('sdpa_flash', 0.3924), ('sdpa_efficient', 0.8668), ('sdpa_math', 11.66)), 'sliding_window': (('fa4', 0.1075), ('vllm_fa4', 0.1085), ('vllm_fa3', 0.1319), ('fa2', 0.1557), ('sdpa_cudnn', 0.8083), ('sdpa_efficient', 2.134), ('sdpa_math', 12.31)), 'alibi+causal': (('fa2', 0.3798), ('sdpa_cudnn', 0.9656), ('sdpa_efficient', 2.139), ('sdpa_math', 12.39)), 'causal+fp8': (('vllm_fa3', 0.2492),), 'causal+gqa': (('fa4', 0.2063), ('vllm_fa3', 0.2149), ('sdpa_cudnn', 0.2589), ('vllm_fa4', 0.2651), ('sdpa_flash', 0.3881), ('fa2', 0.4358), ('sdpa_math', 11.52)), 'causal+paged_kv:128': (('fa4', 0.2242), ('vllm_fa3', 0.2573), ('vllm_fa4', 0.2721)), 'causal+paged_kv:16': (('fa4', 0.2487), ('vllm_fa4', 0.2768), ('vllm_fa3', 0.2798)), 'causal+paged_kv:256': (('fa4', 0.2473), ('vllm_fa4', 0.2632), ('vllm_fa3', 0.2672), ('fa2', 0.4784)), 'causal+paged_kv:32': (('vllm_fa3', 0.294),), 'causal+paged_kv:64': (('fa4', 0.2414), ('vllm_fa4', 0.2648), ('vllm_fa3', 0.2935)), 'causal+sinks': (('fa4', 0.2176), ('vllm_fa4', 0.2257), ('vllm_fa3', 0.2716)), 'causal+softcap': (('vllm_fa3', 0.3083), ('fa2', 0.4514), ('fa4', 0.5485), ('vllm_fa4', 0.5681)), 'causal+varlen': (('fa4', 0.2331), ('vllm_fa4', 0.2369), ('vllm_fa3', 0.2868), ('fa2', 0.3207))},
-            ('prefill', 'bfloat16', 96, 96): {'none': (('fa4', 0.3828), ('vllm_fa4', 0.4085), ('sdpa_cudnn', 0.4184), ('vllm_fa3', 0.4467), ('fa2', 0.5805), ('sdpa_flash', 0.6073), ('sdpa_efficient', 1.549), ('sdpa_math', 10.21)), 'causal': (('fa4', 0.2265), ('vllm_fa4', 0.2522), ('sdpa_cudnn', 0.2692), ('vllm_fa3', 0.3479), ('fa2', 0.3503), ('sdpa_flash', 0.4167), ('sdpa_efficient', 0.8629), ('sdpa_math', 12.08)), 'sliding_window': (('fa4', 0.1132), ('vllm_fa4', 0.1145), ('vllm_fa3', 0.1291), ('fa2', 0.1573), ('sdpa_cudnn', 0.7949), ('sdpa_efficient', 2.127), ('sdpa_math', 12.72)), 'alibi+causal': (('fa2', 0.3682), ('sdpa_cudnn', 1.125), ('sdpa_efficient', 2.146), ('sdpa_math', 12.8)), 'causal+fp8': (('vllm_fa3', 0.2252),), 'causal+gqa': (('fa4', 0.2138), ('vllm_fa4', 0.2297), ('sdpa_cudnn', 0.2631), ('fa2', 0.3396), ('vllm_fa3', 0.3568), ('sdpa_flash', 0.3687), ('sdpa_math', 11.93)), 'causal+paged_kv:128': (('fa4', 0.2317), ('vllm_fa3', 0.2562), ('vllm_fa4', 0.258)), 'causal+paged_kv:16': (('fa4', 0.2437), ('vllm_fa3', 0.2635), ('vllm_fa4', 0.2809)), 'causal+paged_kv:256': (('fa4', 0.2461), ('vllm_fa4', 0.2641), ('vllm_fa3', 0.3736), ('fa2', 0.4666)), 'causal+paged_kv:32': (('vllm_fa3', 0.2585),), 'causal+paged_kv:64': (('fa4', 0.2536), ('vllm_fa3', 0.2566), ('vllm_fa4', 0.258)), 'causal+sinks': (('fa4', 0.2344), ('vllm_fa4', 0.252), ('vllm_fa3', 0.2547)), 'causal+softcap': (('vllm_fa3', 0.3095), ('fa2', 0.4634), ('fa4', 0.5585), ('vllm_fa4', 0.6533)), 'causal+varlen': (('fa4', 0.2284), ('vllm_fa3', 0.2425), ('vllm_fa4', 0.2619), ('fa2', 0.2949))},
-            ('prefill', 'bfloat16', 128, 128): {'none': (('fa4', 0.4151), ('sdpa_cudnn', 0.4178), ('vllm_fa4', 0.4612), ('flashinfer', 0.5426), ('vllm_fa3', 0.6447), ('fa2', 0.7251), ('sdpa_flash', 0.7791), ('sdpa_efficient', 1.893), ('sdpa_math', 11.03)), 'causal': (('fa4', 0.254), ('vllm_fa4', 0.2559), ('sdpa_cudnn', 0.2654), ('vllm_fa3', 0.2726), ('flashinfer', 0.3225), ('fa2', 0.4787), ('sdpa_flash', 0.4818), ('sdpa_efficient', 0.9688), ('sdpa_math', 12.9)), 'sliding_window': (('flashinfer', 0.11), ('fa4', 0.1107), ('vllm_fa4', 0.1153), ('vllm_fa3', 0.1208), ('fa2', 0.2469), ('sdpa_cudnn', 0.8104), ('sdpa_efficient', 2.344), ('sdpa_math', 13.55)), 'alibi+causal': (('fa2', 0.5826), ('sdpa_cudnn', 0.9262), ('flashinfer', 0.996), ('sdpa_efficient', 2.257), ('sdpa_math', 13.62)), 'causal+fp8': (('vllm_fa3', 0.3855),), 'causal+gqa': (('flashinfer', 0.2559), ('fa4', 0.2603), ('sdpa_cudnn', 0.261), ('vllm_fa3', 0.2753), ('vllm_fa4', 0.2943), ('fa2', 0.4372), ('sdpa_flash', 0.4804), ('sdpa_math', 12.7)), 'causal+paged_kv:128': (('fa4', 0.2578), ('vllm_fa3', 0.3216), ('vllm_fa4', 0.346), ('flashinfer', 0.3685)), 'causal+paged_kv:16': (('fa4', 0.2761), ('vllm_fa3', 0.2961), ('vllm_fa4', 0.313), ('flashinfer', 0.3398)), 'causal+paged_kv:256': (('vllm_fa3', 0.2704), ('fa4', 0.2952), ('flashinfer', 0.324), ('vllm_fa4', 0.3375), ('fa2', 0.5105)), 'causal+paged_kv:32': (('vllm_fa3', 0.3184),), 'causal+paged_kv:64': (('vllm_fa3', 0.2836), ('fa4', 0.3081), ('vllm_fa4', 0.3104), ('flashinfer', 0.3292)), 'causal+sinks': (('fa4', 0.265), ('vllm_fa4', 0.2729), ('vllm_fa3', 0.3085)), 'causal+softcap': (('vllm_fa3', 0.3061), ('fa4', 0.539), ('fa2', 0.5672), ('vllm_fa4', 0.5755)), 'causal+varlen': (('flashinfer', 0.3098), ('fa4', 0.3207), ('vllm_fa4', 0.3312), ('vllm_fa3', 0.358), ('fa2', 0.4743))},
-            ('prefill', 'bfloat16', 160, 160): {'none': (('vllm_fa4', 0.555), ('fa4', 0.6055), ('sdpa_cudnn', 0.6077), ('vllm_fa3', 0.6617), ('fa2', 1.409), ('sdpa_flash', 1.471), ('sdpa_efficient', 2.931), ('sdpa_math', 13.84)), 'causal': (('fa4', 0.3312), ('vllm_fa3', 0.3596), ('sdpa_cudnn', 0.3606), ('vllm_fa4', 0.3796), ('fa2', 0.8186), ('sdpa_flash', 0.8691), ('sdpa_efficient', 1.612), ('sdpa_math', 15.7)), 'sliding_window': (('vllm_fa4', 0.1538), ('fa4', 0.1633), ('vllm_fa3', 0.1981), ('fa2', 0.2677), ('sdpa_cudnn', 2.439), ('sdpa_efficient', 3.523), ('sdpa_math', 16.34)), 'alibi+causal': (('fa2', 0.8389), ('sdpa_cudnn', 2.582), ('sdpa_efficient', 3.535), ('sdpa_math', 16.42)), 'causal+fp8': (('vllm_fa3', 0.6601),), 'causal+gqa': (('fa4', 0.304), ('vllm_fa3', 0.3274), ('vllm_fa4', 0.33), ('sdpa_cudnn', 0.3615), ('sdpa_flash', 0.8752), ('fa2', 0.9142), ('sdpa_math', 15.25)), 'causal+paged_kv:128': (('vllm_fa3', 0.6558),), 'causal+paged_kv:16': (('vllm_fa3', 0.4025),), 'causal+paged_kv:256': (('vllm_fa3', 0.3744), ('fa2', 0.8487)), 'causal+paged_kv:32': (('vllm_fa3', 0.4164),), 'causal+paged_kv:64': (('vllm_fa3', 0.3912),), 'causal+sinks': (('fa4', 0.3131), ('vllm_fa3', 0.3995), ('vllm_fa4', 0.4891)), 'causal+softcap': (('vllm_fa3', 0.451), ('fa4', 0.5892), ('vllm_fa4', 0.5999), ('fa2', 0.8916)), 'causal+varlen': (('fa4', 0.3743), ('vllm_fa4', 0.3973), ('vllm_fa3', 0.4876), ('fa2', 0.7007))},
-            ('prefill', 'bfloat16', 192, 192): {'none': (('vllm_fa3', 0.5962), ('vllm_fa4', 0.6014), ('sdpa_cudnn', 0.6157), ('fa4', 0.6372), ('fa2', 1.289), ('sdpa_flash', 1.319), ('sdpa_efficient', 3.132), ('sdpa_math', 15.0)), 'causal': (('vllm_fa4', 0.3663), ('fa4', 0.3745), ('sdpa_cudnn', 0.3922), ('vllm_fa3', 0.3967), ('fa2', 0.7335), ('sdpa_flash', 0.7748), ('sdpa_efficient', 1.892), ('sdpa_math', 16.87)), 'sliding_window': (('fa4', 0.1645), ('vllm_fa4', 0.1705), ('vllm_fa3', 0.1842), ('fa2', 0.2776), ('sdpa_cudnn', 2.444), ('sdpa_efficient', 3.601), ('sdpa_math', 17.51)), 'alibi+causal': (('fa2', 0.7987), ('sdpa_cudnn', 2.69), ('sdpa_efficient', 3.641), ('sdpa_math', 17.59)), 'causal+fp8': (('vllm_fa3', 0.4345),), 'causal+gqa': (('fa4', 0.3579), ('vllm_fa4', 0.3769), ('sdpa_cudnn', 0.3954), ('vllm_fa3', 0.4049), ('fa2', 0.7404), ('sdpa_flash', 0.791), ('sdpa_math', 16.36)), 'causal+paged_kv:128': (('fa4', 0.4455), ('vllm_fa3', 0.4595), ('vllm_fa4', 0.4731)), 'causal+paged_kv:16': (('fa4', 0.3999), ('vllm_fa4', 0.4489), ('vllm_fa3', 0.496)), 'causal+paged_kv:256': (('fa4', 0.3879), ('vllm_fa3', 0.415), ('vllm_fa4', 0.4484), ('fa2', 0.7359)), 'causal+paged_kv:32': (('vllm_fa3', 0.3856),), 'causal+paged_kv:64': (('vllm_fa3', 0.4003), ('fa4', 0.4062), ('vllm_fa4', 0.4343)), 'causal+sinks': (('fa4', 0.3813), ('vllm_fa4', 0.4063), ('vllm_fa3', 0.4302)), 'causal+softcap': (('vllm_fa3', 0.5054), ('fa4', 0.6241), ('vllm_fa4', 0.6294), ('fa2', 0.8281)), 'causal+varlen': (('fa4', 0.3583), ('vllm_fa4', 0.3871), ('vllm_fa3', 0.4624), ('fa2', 0.5586))},
-            ('prefill', 'bfloat16', 224, 224): {'none': (('sdpa_cudnn', 0.7784), ('vllm_fa4', 0.7988), ('fa4', 0.8237), ('vllm_fa3', 0.8647), ('sdpa_flash', 2.002), ('fa2', 2.16), ('sdpa_efficient', 3.54), ('sdpa_math', 16.46)), 'causal': (('vllm_fa3', 0.4719), ('fa4', 0.4837), ('vllm_fa4', 0.5721), ('sdpa_cudnn', 0.6003), ('fa2', 1.072), ('sdpa_flash', 1.121), ('sdpa_efficient', 1.961), ('sdpa_math', 18.33)), 'sliding_window': (('fa4', 0.1727), ('vllm_fa4', 0.1804), ('vllm_fa3', 0.2228), ('fa2', 0.317), ('sdpa_cudnn', 2.115), ('sdpa_efficient', 3.896), ('sdpa_math', 18.97)), 'alibi+causal': (('fa2', 1.28), ('sdpa_cudnn', 2.196), ('sdpa_efficient', 3.966), ('sdpa_math', 19.06)), 'causal+fp8': (('vllm_fa3', 0.9126),), 'causal+gqa': (('fa4', 0.431), ('vllm_fa4', 0.4384), ('vllm_fa3', 0.4548), ('sdpa_cudnn', 0.4578), ('sdpa_flash', 1.116), ('fa2', 1.167), ('sdpa_math', 17.75)), 'causal+paged_kv:128': (('vllm_fa3', 0.5773),), 'causal+paged_kv:16': (('vllm_fa3', 0.4818),), 'causal+paged_kv:256': (('vllm_fa3', 0.5026), ('fa2', 1.171)), 'causal+paged_kv:32': (('vllm_fa3', 0.5555),), 'causal+paged_kv:64': (('vllm_fa3', 0.6583),), 'causal+sinks': (('fa4', 0.4189), ('vllm_fa4', 0.4622), ('vllm_fa3', 0.4633)), 'causal+softcap': (('vllm_fa3', 0.4825), ('fa4', 0.6685), ('vllm_fa4', 0.7327), ('fa2', 1.139)), 'causal+varlen': (('fa4', 0.4928), ('vllm_fa4', 0.5025), ('vllm_fa3', 0.6776), ('fa2', 0.9895))},
-            ('prefill', 'bfloat16', 256, 256): {'none': (('sdpa_cudnn', 0.7987), ('vllm_fa4', 0.8226), ('fa4', 0.8243), ('vllm_fa3', 0.8435), ('fa2', 1.703), ('sdpa_flash', 1.772), ('sdpa_efficient', 3.757), ('sdpa_math', 17.24)), 'causal': (('sdpa_cudnn', 0.4632), ('fa4', 0.4744), ('vllm_fa4', 0.5929), ('vllm_fa3', 0.6034), ('fa2', 0.9103), ('sdpa_flash', 0.9476), ('sdpa_efficient', 2.174), ('sdpa_math', 19.1)), 'sliding_window': (('fa4', 0.1864), ('vllm_fa4', 0.2153), ('vllm_fa3', 0.2264), ('fa2', 0.2486), ('sdpa_cudnn', 2.121), ('sdpa_efficient', 3.947), ('sdpa_math', 19.71)), 'alibi+causal': (('fa2', 1.041), ('sdpa_cudnn', 2.185), ('sdpa_efficient', 4.604), ('sdpa_math', 19.83)), 'causal+fp8': (('vllm_fa3', 0.8679),), 'causal+gqa': (('fa4', 0.4534), ('sdpa_cudnn', 0.4864), ('vllm_fa4', 0.5222), ('vllm_fa3', 0.5573), ('fa2', 0.9051), ('sdpa_flash', 0.9535), ('sdpa_math', 18.63)), 'causal+paged_kv:128': (('vllm_fa3', 0.5041), ('vllm_fa4', 0.5135), ('fa4', 0.5141)), 'causal+paged_kv:16': (('vllm_fa3', 0.4866), ('vllm_fa4', 0.5035), ('fa4', 0.5063)), 'causal+paged_kv:256': (('vllm_fa4', 0.5322), ('fa4', 0.5489), ('vllm_fa3', 0.5642), ('fa2', 1.024)), 'causal+paged_kv:32': (('vllm_fa3', 0.4861),), 'causal+paged_kv:64': (('fa4', 0.4771), ('vllm_fa3', 0.4925), ('vllm_fa4', 0.6313)), 'causal+sinks': (('vllm_fa4', 0.4599), ('fa4', 0.4645), ('vllm_fa3', 0.5129)), 'causal+softcap': (('vllm_fa3', 0.5499), ('fa4', 0.701), ('vllm_fa4', 0.7073), ('fa2', 0.9312)), 'causal+varlen': (('fa4', 0.5306), ('vllm_fa4', 0.5829), ('vllm_fa3', 0.664), ('fa2', 0.8481))},
-            ('prefill', 'bfloat16', 512, 512): {'none': (('vllm_fa4', 3.164), ('sdpa_efficient', 8.453), ('sdpa_math', 29.42)), 'causal': (('vllm_fa4', 1.752), ('sdpa_efficient', 4.297), ('sdpa_math', 31.28)), 'sliding_window': (('vllm_fa4', 0.6055), ('sdpa_efficient', 8.676), ('sdpa_math', 31.93)), 'alibi+causal': (('sdpa_efficient', 8.481), ('sdpa_math', 32.01)), 'causal+fp8': (('vllm_fa4', 1.91),), 'causal+gqa': (('vllm_fa4', 1.746), ('sdpa_math', 30.35)), 'causal+paged_kv:128': (('vllm_fa4', 1.968),), 'causal+paged_kv:16': (('vllm_fa4', 1.979),), 'causal+paged_kv:256': (('vllm_fa4', 5.068),), 'causal+paged_kv:64': (('vllm_fa4', 1.766),), 'causal+sinks': (('vllm_fa4', 1.758),), 'causal+softcap': (('vllm_fa4', 2.019),), 'causal+varlen': (('vllm_fa4', 2.062),)},
-            ('prefill', 'bfloat16', 192, 128): {'none': (('fa4', 0.4937), ('vllm_fa3', 0.5034), ('sdpa_cudnn', 0.5378), ('vllm_fa4', 0.5432), ('flashinfer', 0.5827), ('sdpa_efficient', 2.41), ('sdpa_math', 12.79)), 'causal': (('vllm_fa3', 0.2885), ('fa4', 0.298), ('flashinfer', 0.3038), ('sdpa_cudnn', 0.3247), ('vllm_fa4', 0.5537), ('sdpa_efficient', 1.251), ('sdpa_math', 14.64)), 'sliding_window': (('flashinfer', 0.1244), ('fa4', 0.1431), ('vllm_fa4', 0.1482), ('vllm_fa3', 0.1584), ('sdpa_cudnn', 0.972), ('sdpa_efficient', 2.794), ('sdpa_math', 15.29)), 'alibi+causal': (('sdpa_cudnn', 1.051), ('flashinfer', 1.1), ('sdpa_efficient', 2.832), ('sdpa_math', 15.37)), 'causal+fp8': (('vllm_fa3', 0.3403),), 'causal+gqa': (('flashinfer', 0.2876), ('vllm_fa3', 0.2916), ('vllm_fa4', 0.3009), ('fa4', 0.3293), ('sdpa_cudnn', 0.4179), ('sdpa_math', 14.17)), 'causal+paged_kv:128': (('vllm_fa3', 0.311), ('fa4', 0.3421), ('vllm_fa4', 0.5672)), 'causal+paged_kv:16': (('fa4', 0.337), ('vllm_fa4', 0.3487), ('vllm_fa3', 0.3835)), 'causal+paged_kv:256': (('vllm_fa3', 0.2927), ('fa4', 0.3453), ('vllm_fa4', 0.3705)), 'causal+paged_kv:32': (('vllm_fa3', 0.4116),), 'causal+paged_kv:64': (('fa4', 0.3256), ('vllm_fa3', 0.3433), ('vllm_fa4', 0.3904)), 'causal+sinks': (('vllm_fa4', 0.303), ('fa4', 0.3033)), 'causal+softcap': (('flashinfer', 0.3469), ('vllm_fa3', 0.3768), ('fa4', 0.5578), ('vllm_fa4', 0.5759)), 'causal+varlen': (('flashinfer', 0.3258), ('vllm_fa3', 0.3338), ('vllm_fa4', 0.3345), ('fa4', 0.3571))},
-            ('prefill', 'float16', 32, 32): {'none': (('fa4', 0.2291), ('sdpa_cudnn', 0.2965), ('fa2', 0.3064), ('vllm_fa3', 0.317), ('sdpa_flash', 0.3674), ('sdpa_efficient', 1.001), ('sdpa_math', 6.804)), 'causal': (('fa4', 0.1478), ('sdpa_cudnn', 0.1802), ('fa2', 0.1827), ('vllm_fa3', 0.204), ('sdpa_flash', 0.2418), ('sdpa_efficient', 0.7083), ('sdpa_math', 8.666)), 'sliding_window': (('fa4', 0.07861), ('fa2', 0.09428), ('vllm_fa3', 0.1267), ('sdpa_cudnn', 0.5941), ('sdpa_efficient', 1.608), ('sdpa_math', 9.314)), 'alibi+causal': (('fa2', 0.2323), ('sdpa_cudnn', 0.5874), ('sdpa_efficient', 1.509), ('sdpa_math', 9.383)), 'causal+gqa': (('fa4', 0.1362), ('sdpa_cudnn', 0.1787), ('fa2', 0.1807), ('vllm_fa3', 0.1847), ('sdpa_flash', 0.2025), ('sdpa_math', 8.64)), 'causal+paged_kv:128': (('fa4', 0.1504), ('vllm_fa3', 0.2052)), 'causal+paged_kv:16': (('fa4', 0.1599), ('vllm_fa3', 0.218)), 'causal+paged_kv:256': (('fa4', 0.1571), ('vllm_fa3', 0.2068), ('fa2', 0.2467)), 'causal+paged_kv:32': (('vllm_fa3', 0.2179),), 'causal+paged_kv:64': (('fa4', 0.1588), ('vllm_fa3', 0.2174)), 'causal+sinks': (('fa4', 0.148), ('vllm_fa3', 0.206)), 'causal+softcap': (('fa2', 0.2588), ('vllm_fa3', 0.307), ('fa4', 0.4981)), 'causal+varlen': (('fa4', 0.1526), ('fa2', 0.184), ('vllm_fa3', 0.1899))},
-            ('prefill', 'float16', 64, 64): {'none': (('fa4', 0.2919), ('sdpa_cudnn', 0.2943), ('vllm_fa3', 0.3478), ('fa2', 0.4414), ('sdpa_flash', 0.4682), ('sdpa_efficient', 1.348), ('sdpa_math', 8.222)), 'causal': (('sdpa_cudnn', 0.182), ('fa4', 0.1839), ('vllm_fa3', 0.2109), ('fa2', 0.2767), ('sdpa_flash', 0.3208), ('sdpa_efficient', 0.6123), ('sdpa_math', 10.09)), 'sliding_window': (('fa4', 0.09329), ('vllm_fa3', 0.1323), ('fa2', 0.1482), ('sdpa_cudnn', 0.5519), ('sdpa_efficient', 1.543), ('sdpa_math', 10.72)), 'alibi+causal': (('fa2', 0.3629), ('sdpa_cudnn', 0.6161), ('sdpa_efficient', 1.585), ('sdpa_math', 10.8)), 'causal+gqa': (('fa4', 0.1751), ('sdpa_cudnn', 0.1806), ('vllm_fa3', 0.1905), ('fa2', 0.2742), ('sdpa_flash', 0.2785), ('sdpa_math', 9.988)), 'causal+paged_kv:128': (('fa4', 0.1921), ('vllm_fa3', 0.2697)), 'causal+paged_kv:16': (('fa4', 0.2039), ('vllm_fa3', 0.241)), 'causal+paged_kv:256': (('fa4', 0.1983), ('vllm_fa3', 0.2117), ('fa2', 0.3858)), 'causal+paged_kv:32': (('vllm_fa3', 0.2813),), 'causal+paged_kv:64': (('fa4', 0.2049), ('vllm_fa3', 0.3118)), 'causal+sinks': (('fa4', 0.1835), ('vllm_fa3', 0.2555)), 'causal+softcap': (('vllm_fa3', 0.3094), ('fa2', 0.3243), ('fa4', 0.5313)), 'causal+varlen': (('fa4', 0.2239), ('vllm_fa3', 0.2932), ('fa2', 0.3048))},
-            ('prefill', 'float16', 80, 80): {'none': (('fa4', 0.3555), ('vllm_fa3', 0.3694), ('sdpa_cudnn', 0.4881), ('fa2', 0.612), ('sdpa_flash', 0.6722), ('sdpa_efficient', 1.582), ('sdpa_math', 9.802)), 'causal': (('fa4', 0.222), ('sdpa_cudnn', 0.28), ('vllm_fa3', 0.297), ('fa2', 0.3638), ('sdpa_flash', 0.3947), ('sdpa_efficient', 0.8874), ('sdpa_math', 11.66)), 'sliding_window': (('fa4', 0.1077), ('vllm_fa3', 0.1343), ('fa2', 0.1575), ('sdpa_cudnn', 0.9308), ('sdpa_efficient', 2.112), ('sdpa_math', 12.3)), 'alibi+causal': (('fa2', 0.4005), ('sdpa_cudnn', 0.9827), ('sdpa_efficient', 2.513), ('sdpa_math', 12.38)), 'causal+gqa': (('fa4', 0.2078), ('vllm_fa3', 0.2238), ('sdpa_cudnn', 0.3024), ('fa2', 0.3622), ('sdpa_flash', 0.3954), ('sdpa_math', 11.51)), 'causal+paged_kv:128': (('fa4', 0.2256), ('vllm_fa3', 0.2593)), 'causal+paged_kv:16': (('vllm_fa3', 0.2606), ('fa4', 0.2748)), 'causal+paged_kv:256': (('fa4', 0.2463), ('vllm_fa3', 0.3136), ('fa2', 0.4799)), 'causal+paged_kv:32': (('vllm_fa3', 0.2893),), 'causal+paged_kv:64': (('fa4', 0.2484), ('vllm_fa3', 0.2568)), 'causal+sinks': (('fa4', 0.2164), ('vllm_fa3', 0.2811)), 'causal+softcap': (('vllm_fa3', 0.309), ('fa2', 0.4484), ('fa4', 0.5495)), 'causal+varlen': (('fa4', 0.2269), ('vllm_fa3', 0.2872), ('fa2', 0.3233))},
-            ('prefill', 'float16', 96, 96): {'none': (('fa4', 0.3762), ('sdpa_cudnn', 0.4142), ('vllm_fa3', 0.5399), ('fa2', 0.5778), ('sdpa_flash', 0.61), ('sdpa_efficient', 1.55), ('sdpa_math', 10.21)), 'causal': (('fa4', 0.2354), ('sdpa_cudnn', 0.2652), ('vllm_fa3', 0.2802), ('fa2', 0.3464), ('sdpa_flash', 0.3678), ('sdpa_efficient', 0.8544), ('sdpa_math', 12.06)), 'sliding_window': (('fa4', 0.1131), ('vllm_fa3', 0.1354), ('fa2', 0.1418), ('sdpa_cudnn', 0.8146), ('sdpa_efficient', 2.12), ('sdpa_math', 12.71)), 'alibi+causal': (('fa2', 0.3693), ('sdpa_cudnn', 0.9348), ('sdpa_efficient', 2.349), ('sdpa_math', 12.79)), 'causal+gqa': (('fa4', 0.2174), ('vllm_fa3', 0.2769), ('sdpa_cudnn', 0.3048), ('fa2', 0.3439), ('sdpa_flash', 0.3676), ('sdpa_math', 11.93)), 'causal+paged_kv:128': (('fa4', 0.2316), ('vllm_fa3', 0.2743)), 'causal+paged_kv:16': (('vllm_fa3', 0.2621), ('fa4', 0.2737)), 'causal+paged_kv:256': (('vllm_fa3', 0.2623), ('fa4', 0.2761), ('fa2', 0.4355)), 'causal+paged_kv:32': (('vllm_fa3', 0.273),), 'causal+paged_kv:64': (('vllm_fa3', 0.2576), ('fa4', 0.2602)), 'causal+sinks': (('fa4', 0.2494), ('vllm_fa3', 0.2889)), 'causal+softcap': (('vllm_fa3', 0.3932), ('fa2', 0.4221), ('fa4', 0.5611)), 'causal+varlen': (('fa4', 0.2305), ('vllm_fa3', 0.2719), ('fa2', 0.2964))},
-            ('prefill', 'float16', 128, 128): {'none': (('fa4', 0.4328), ('vllm_fa3', 0.442), ('sdpa_cudnn', 0.4503), ('fa2', 0.7684), ('sdpa_flash', 0.8117), ('sdpa_efficient', 1.624), ('sdpa_math', 11.04)), 'causal': (('sdpa_cudnn', 0.2706), ('vllm_fa3', 0.2755), ('fa4', 0.2837), ('fa2', 0.4351), ('sdpa_flash', 0.4817), ('sdpa_efficient', 0.8959), ('sdpa_math', 12.91)), 'sliding_window': (('fa4', 0.1122), ('vllm_fa3', 0.1205), ('fa2', 0.1946), ('sdpa_cudnn', 1.038), ('sdpa_efficient', 2.168), ('sdpa_math', 13.54)), 'alibi+causal': (('fa2', 0.6117), ('sdpa_cudnn', 0.9177), ('sdpa_efficient', 2.216), ('sdpa_math', 13.61)), 'causal+gqa': (('sdpa_cudnn', 0.2649), ('fa4', 0.2851), ('vllm_fa3', 0.3479), ('fa2', 0.4389), ('sdpa_flash', 0.5226), ('sdpa_math', 12.71)), 'causal+paged_kv:128': (('fa4', 0.2635), ('vllm_fa3', 0.446)), 'causal+paged_kv:16': (('vllm_fa3', 0.2869), ('fa4', 0.3071)), 'causal+paged_kv:256': (('fa4', 0.2824), ('vllm_fa3', 0.2867), ('fa2', 0.4948)), 'causal+paged_kv:32': (('vllm_fa3', 0.3418),), 'causal+paged_kv:64': (('fa4', 0.302), ('vllm_fa3', 0.4157)), 'causal+sinks': (('fa4', 0.276), ('vllm_fa3', 0.2969)), 'causal+softcap': (('vllm_fa3', 0.3103), ('fa4', 0.5347), ('fa2', 0.5393)), 'causal+varlen': (('fa4', 0.3249), ('vllm_fa3', 0.3296), ('fa2', 0.4675))},
-            ('prefill', 'float16', 160, 160): {'none': (('sdpa_cudnn', 0.6173), ('vllm_fa3', 0.6313), ('fa4', 0.6465), ('fa2', 1.398), ('sdpa_flash', 1.496), ('sdpa_efficient', 3.262), ('sdpa_math', 13.84)), 'causal': (('fa4', 0.3444), ('sdpa_cudnn', 0.3746), ('vllm_fa3', 0.3882), ('fa2', 0.7996), ('sdpa_flash', 0.996), ('sdpa_efficient', 1.627), ('sdpa_math', 15.7)), 'sliding_window': (('fa4', 0.1499), ('vllm_fa3', 0.2502), ('fa2', 0.262), ('sdpa_cudnn', 2.411), ('sdpa_efficient', 4.154), ('sdpa_math', 16.34)), 'alibi+causal': (('fa2', 0.9351), ('sdpa_cudnn', 2.594), ('sdpa_efficient', 3.777), ('sdpa_math', 16.4)), 'causal+gqa': (('fa4', 0.3191), ('vllm_fa3', 0.3814), ('sdpa_cudnn', 0.4222), ('fa2', 0.798), ('sdpa_flash', 0.8311), ('sdpa_math', 15.25)), 'causal+paged_kv:128': (('vllm_fa3', 0.6332),), 'causal+paged_kv:16': (('vllm_fa3', 0.4274),), 'causal+paged_kv:256': (('vllm_fa3', 0.4211), ('fa2', 0.8493)), 'causal+paged_kv:32': (('vllm_fa3', 0.4057),), 'causal+paged_kv:64': (('vllm_fa3', 0.39),), 'causal+sinks': (('fa4', 0.3336), ('vllm_fa3', 0.3642)), 'causal+softcap': (('vllm_fa3', 0.4338), ('fa4', 0.6028), ('fa2', 0.9577)), 'causal+varlen': (('vllm_fa3', 0.3851), ('fa4', 0.433), ('fa2', 0.6954))},
-            ('prefill', 'float16', 192, 192): {'none': (('fa4', 0.606), ('vllm_fa3', 0.6116), ('sdpa_cudnn', 0.624), ('fa2', 1.276), ('sdpa_flash', 1.319), ('sdpa_efficient', 3.184), ('sdpa_math', 15.0)), 'causal': (('vllm_fa3', 0.3707), ('fa4', 0.4047), ('sdpa_cudnn', 0.4268), ('fa2', 0.7315), ('sdpa_flash', 0.7583), ('sdpa_efficient', 1.706), ('sdpa_math', 16.86)), 'sliding_window': (('fa4', 0.1642), ('vllm_fa3', 0.2043), ('fa2', 0.2652), ('sdpa_cudnn', 2.45), ('sdpa_efficient', 3.598), ('sdpa_math', 17.51)), 'alibi+causal': (('fa2', 0.7977), ('sdpa_cudnn', 2.592), ('sdpa_efficient', 3.663), ('sdpa_math', 17.58)), 'causal+gqa': (('vllm_fa3', 0.3701), ('fa4', 0.3835), ('sdpa_cudnn', 0.4119), ('sdpa_flash', 0.7592), ('fa2', 0.7753), ('sdpa_math', 16.35)), 'causal+paged_kv:128': (('fa4', 0.4228), ('vllm_fa3', 0.4348)), 'causal+paged_kv:16': (('vllm_fa3', 0.3992), ('fa4', 0.448)), 'causal+paged_kv:256': (('vllm_fa3', 0.3971), ('fa4', 0.4496), ('fa2', 0.7432)), 'causal+paged_kv:32': (('vllm_fa3', 0.5219),), 'causal+paged_kv:64': (('fa4', 0.4005), ('vllm_fa3', 0.5263)), 'causal+sinks': (('fa4', 0.3763), ('vllm_fa3', 0.4418)), 'causal+softcap': (('vllm_fa3', 0.4072), ('fa4', 0.6302), ('fa2', 0.8265)), 'causal+varlen': (('fa4', 0.3776), ('vllm_fa3', 0.4547), ('fa2', 0.5704))},
-            ('prefill', 'float16', 224, 224): {'none': (('fa4', 0.8254), ('vllm_fa3', 0.8362), ('sdpa_cudnn', 0.8781), ('fa2', 1.968), ('sdpa_flash', 2.02), ('sdpa_efficient', 3.55), ('sdpa_math', 16.46)), 'causal': (('fa4', 0.4236), ('vllm_fa3', 0.4687), ('sdpa_cudnn', 0.4922), ('fa2', 1.076), ('sdpa_flash', 1.077), ('sdpa_efficient', 2.07), ('sdpa_math', 18.32)), 'sliding_window': (('fa4', 0.177), ('vllm_fa3', 0.2236), ('fa2', 0.3182), ('sdpa_cudnn', 2.193), ('sdpa_efficient', 3.866), ('sdpa_math', 18.96)), 'alibi+causal': (('fa2', 1.182), ('sdpa_cudnn', 2.377), ('sdpa_efficient', 3.95), ('sdpa_math', 19.04)), 'causal+gqa': (('fa4', 0.451), ('sdpa_cudnn', 0.4717), ('vllm_fa3', 0.4727), ('sdpa_flash', 1.073), ('fa2', 1.074), ('sdpa_math', 17.75)), 'causal+paged_kv:128': (('vllm_fa3', 0.6419),), 'causal+paged_kv:16': (('vllm_fa3', 0.4936),), 'causal+paged_kv:256': (('vllm_fa3', 0.4256, 1, 3), ('fa2', 1.147)), 'causal+paged_kv:32': (('vllm_fa3', 0.53),), 'causal+paged_kv:64': (('vllm_fa3', 0.5736),), 'causal+sinks': (('fa4', 0.4335), ('vllm_fa3', 0.5773)), 'causal+softcap': (('vllm_fa3', 0.4982), ('fa4', 0.6806), ('fa2', 1.142)), 'causal+varlen': (('vllm_fa3', 0.5251), ('fa4', 0.561), ('fa2', 1.144))},
-            ('prefill', 'float16', 256, 256): {'none': (('vllm_fa3', 0.8316), ('fa4', 0.839), ('sdpa_cudnn', 0.8514), ('fa2', 1.756), ('sdpa_flash', 1.804), ('sdpa_efficient', 3.7), ('sdpa_math', 17.2)), 'causal': (('fa4', 0.4616), ('vllm_fa3', 0.4908), ('sdpa_cudnn', 0.5184), ('fa2', 0.9136), ('sdpa_flash', 0.9753), ('sdpa_efficient', 2.009), ('sdpa_math', 19.06)), 'sliding_window': (('fa4', 0.1929), ('fa2', 0.2432), ('vllm_fa3', 0.278), ('sdpa_cudnn', 2.208), ('sdpa_efficient', 4.072), ('sdpa_math', 19.71)), 'alibi+causal': (('fa2', 1.087), ('sdpa_cudnn', 2.52), ('sdpa_efficient', 4.157), ('sdpa_math', 19.78)), 'causal+gqa': (('fa4', 0.4347), ('sdpa_cudnn', 0.4673), ('vllm_fa3', 0.6081), ('fa2', 0.9028), ('sdpa_flash', 0.967), ('sdpa_math', 18.63)), 'causal+paged_kv:128': (('fa4', 0.5339), ('vllm_fa3', 0.5433)), 'causal+paged_kv:16': (('fa4', 0.5224), ('vllm_fa3', 0.544)), 'causal+paged_kv:256': (('fa4', 0.5046), ('vllm_fa3', 0.5226), ('fa2', 0.938)), 'causal+paged_kv:32': (('vllm_fa3', 0.5809),), 'causal+paged_kv:64': (('fa4', 0.551), ('vllm_fa3', 0.667)), 'causal+sinks': (('fa4', 0.4558), ('vllm_fa3', 0.7028)), 'causal+softcap': (('vllm_fa3', 0.5391), ('fa4', 0.7143), ('fa2', 0.9493)), 'causal+varlen': (('fa4', 0.547), ('vllm_fa3', 0.5477), ('fa2', 0.8424))},
-            ('prefill', 'float16', 512, 512): {'none': (('sdpa_efficient', 8.536), ('sdpa_math', 29.41)), 'causal': (('sdpa_efficient', 4.543), ('sdpa_math', 31.28)), 'sliding_window': (('sdpa_efficient', 8.487), ('sdpa_math', 31.92)), 'alibi+causal': (('sdpa_efficient', 8.484), ('sdpa_math', 32.0)), 'causal+gqa': (('sdpa_math', 30.34),)},
-            ('prefill', 'float16', 192, 128): {'none': (('vllm_fa3', 0.5124), ('sdpa_cudnn', 0.5499), ('fa4', 0.5511), ('sdpa_efficient', 2.64), ('sdpa_math', 12.78)), 'causal': (('vllm_fa3', 0.2974), ('fa4', 0.3328), ('sdpa_cudnn', 0.3392), ('sdpa_efficient', 1.354), ('sdpa_math', 14.64)), 'sliding_window': (('fa4', 0.1601), ('vllm_fa3', 0.1996), ('sdpa_cudnn', 1.045), ('sdpa_efficient', 2.791), ('sdpa_math', 15.28)), 'alibi+causal': (('sdpa_cudnn', 1.045), ('sdpa_efficient', 2.85), ('sdpa_math', 15.35)), 'causal+gqa': (('fa4', 0.3093), ('sdpa_cudnn', 0.3311), ('vllm_fa3', 0.3315), ('sdpa_math', 14.17)), 'causal+paged_kv:128': (('fa4', 0.351), ('vllm_fa3', 0.3694)), 'causal+paged_kv:16': (('fa4', 0.3623), ('vllm_fa3', 0.3824)), 'causal+paged_kv:256': (('vllm_fa3', 0.3022), ('fa4', 0.3552)), 'causal+paged_kv:32': (('vllm_fa3', 0.3497),), 'causal+paged_kv:64': (('vllm_fa3', 0.3467), ('fa4', 0.3839)), 'causal+sinks': (('fa4', 0.2988),), 'causal+softcap': (('vllm_fa3', 0.3931), ('fa4', 0.5694)), 'causal+varlen': (('vllm_fa3', 0.3342), ('fa4', 0.3462))},
-            ('decode', 'bfloat16', 32, 32): {'none': (('sdpa_cudnn', 0.326), ('trtllm_decode', 0.4618), ('fa4', 0.6093), ('vllm_fa4', 0.69), ('fa2', 0.6905), ('sdpa_flash', 0.722), ('vllm_fa3', 0.9852), ('sdpa_efficient', 1.159), ('sdpa_math', 5.661)), 'causal': (('sdpa_cudnn', 0.3236), ('trtllm_decode', 0.4817), ('fa4', 0.6181), ('vllm_fa4', 0.7283), ('fa2', 0.763), ('sdpa_flash', 0.7972), ('vllm_fa3', 0.9455), ('sdpa_efficient', 1.005), ('sdpa_math', 5.725)), 'sliding_window': (('fa2', 0.1001), ('trtllm_decode', 0.107), ('fa4', 0.1084), ('vllm_fa4', 0.1138), ('vllm_fa3', 0.1699), ('sdpa_cudnn', 0.404), ('sdpa_efficient', 1.278), ('sdpa_math', 5.458)), 'alibi+causal': (('sdpa_cudnn', 0.3744), ('fa2', 0.6881), ('sdpa_efficient', 1.273), ('sdpa_math', 5.701)), 'causal+fp8': (('vllm_fa3', 0.8143),), 'causal+gqa': (('sdpa_cudnn', 0.08536), ('trtllm_decode', 0.1199), ('fa4', 0.1548), ('fa2', 0.1617), ('vllm_fa4', 0.1816), ('sdpa_flash', 0.1833), ('vllm_fa3', 0.2116), ('sdpa_math', 3.688)), 'causal+paged_kv:128': (('trtllm_decode', 0.4178), ('fa4', 0.6194), ('vllm_fa4', 0.7485), ('vllm_fa3', 0.909)), 'causal+paged_kv:16': (('trtllm_decode', 0.466), ('fa4', 0.738), ('vllm_fa4', 0.8488), ('vllm_fa3', 1.092)), 'causal+paged_kv:256': (('fa2', 0.4073), ('fa4', 0.6661), ('vllm_fa4', 0.799), ('vllm_fa3', 1.061)), 'causal+paged_kv:32': (('vllm_fa3', 0.9151),), 'causal+paged_kv:64': (('trtllm_decode', 0.4865), ('fa4', 0.6843), ('vllm_fa4', 0.8153), ('vllm_fa3', 1.064)), 'causal+sinks': (('trtllm_decode', 0.4788), ('fa4', 0.612), ('vllm_fa4', 0.7097), ('vllm_fa3', 0.9507)), 'causal+softcap': (('fa2', 0.8981), ('vllm_fa3', 1.209), ('fa4', 6.285), ('vllm_fa4', 6.509)), 'causal+varlen': (('trtllm_decode', 0.3895), ('fa4', 0.518), ('fa2', 0.5803), ('vllm_fa4', 0.593), ('vllm_fa3', 0.6443))},
-            ('decode', 'bfloat16', 64, 64): {'none': (('sdpa_cudnn', 0.4849), ('flashinfer', 0.5202), ('vllm_fa3', 0.5565), ('trtllm_decode', 0.5682), ('vllm_fa4', 0.7246), ('fa4', 0.7257), ('sdpa_flash', 0.9728), ('fa2', 0.9997), ('sdpa_efficient', 1.092), ('sdpa_math', 10.8)), 'causal': (('sdpa_cudnn', 0.4896), ('vllm_fa3', 0.4974), ('flashinfer', 0.521), ('trtllm_decode', 0.59), ('fa4', 0.7303), ('vllm_fa4', 0.8671), ('fa2', 0.9263), ('sdpa_flash', 0.9357), ('sdpa_efficient', 1.103), ('sdpa_math', 10.81)), 'sliding_window': (('trtllm_decode', 0.1077), ('fa4', 0.1221), ('vllm_fa4', 0.1237), ('vllm_fa3', 0.1331), ('fa2', 0.1741), ('sdpa_cudnn', 0.4845), ('flashinfer', 0.5933), ('sdpa_efficient', 1.332), ('sdpa_math', 10.85)), 'alibi+causal': (('sdpa_cudnn', 0.494), ('flashinfer', 0.5209), ('fa2', 1.083), ('sdpa_efficient', 1.37), ('sdpa_math', 10.85)), 'causal+fp8': (('flashinfer', 0.4325), ('vllm_fa3', 0.4386)), 'causal+gqa': (('sdpa_cudnn', 0.1286), ('vllm_fa3', 0.1335), ('trtllm_decode', 0.1521), ('fa4', 0.1862), ('flashinfer', 0.2025), ('vllm_fa4', 0.2195), ('fa2', 0.2266), ('sdpa_flash', 0.2288), ('sdpa_math', 7.904)), 'causal+paged_kv:128': (('trtllm_decode', 0.4949), ('vllm_fa3', 0.5136), ('flashinfer', 0.5173), ('fa4', 0.8166), ('vllm_fa4', 0.8871)), 'causal+paged_kv:16': (('flashinfer', 0.5186), ('vllm_fa3', 0.5279), ('trtllm_decode', 0.6089), ('fa4', 0.8963), ('vllm_fa4', 1.007)), 'causal+paged_kv:256': (('vllm_fa3', 0.5062), ('fa2', 0.5508), ('flashinfer', 0.5575), ('fa4', 0.8237), ('vllm_fa4', 0.9724)), 'causal+paged_kv:32': (('vllm_fa3', 0.52),), 'causal+paged_kv:64': (('trtllm_decode', 0.4958), ('vllm_fa3', 0.5117), ('flashinfer', 0.5174), ('fa4', 0.8465), ('vllm_fa4', 0.9888)), 'causal+sinks': (('vllm_fa3', 0.4992), ('trtllm_decode', 0.6203), ('fa4', 0.7962), ('vllm_fa4', 0.8547)), 'causal+softcap': (('flashinfer', 0.5197), ('vllm_fa3', 0.534), ('fa2', 1.061), ('fa4', 6.39), ('vllm_fa4', 6.697)), 'causal+varlen': (('flashinfer', 0.4062), ('vllm_fa3', 0.4385), ('fa4', 0.5957), ('vllm_fa4', 0.6905), ('fa2', 0.8265), ('trtllm_decode', 0.9314, 1, 3))},
-            ('decode', 'bfloat16', 80, 80): {'none': (('sdpa_cudnn', 0.7257), ('fa4', 0.8859), ('trtllm_decode', 0.8905), ('vllm_fa4', 0.9257), ('vllm_fa3', 1.083), ('fa2', 1.376), ('sdpa_flash', 1.451), ('sdpa_efficient', 1.641), ('sdpa_math', 13.51)), 'causal': (('sdpa_cudnn', 0.6881), ('trtllm_decode', 0.821), ('fa4', 0.9068), ('vllm_fa4', 1.053), ('vllm_fa3', 1.055), ('fa2', 1.365), ('sdpa_flash', 1.453), ('sdpa_efficient', 1.552), ('sdpa_math', 13.51)), 'sliding_window': (('fa4', 0.1469), ('trtllm_decode', 0.1476), ('vllm_fa3', 0.1617), ('fa2', 0.1804), ('vllm_fa4', 0.1977), ('sdpa_cudnn', 0.7), ('sdpa_efficient', 1.816), ('sdpa_math', 13.55)), 'alibi+causal': (('sdpa_cudnn', 0.7068), ('fa2', 1.341), ('sdpa_efficient', 1.876), ('sdpa_math', 13.55)), 'causal+fp8': (('vllm_fa3', 0.8514),), 'causal+gqa': (('sdpa_cudnn', 0.1819), ('trtllm_decode', 0.2219), ('fa4', 0.2258), ('vllm_fa4', 0.2703), ('vllm_fa3', 0.2839), ('fa2', 0.3199), ('sdpa_flash', 0.3685), ('sdpa_math', 8.258)), 'causal+paged_kv:128': (('trtllm_decode', 0.7927), ('fa4', 1.04), ('vllm_fa4', 1.085), ('vllm_fa3', 1.146)), 'causal+paged_kv:16': (('trtllm_decode', 0.9149), ('fa4', 1.095), ('vllm_fa4', 1.161), ('vllm_fa3', 1.22)), 'causal+paged_kv:256': (('fa2', 0.9232), ('fa4', 0.9888), ('vllm_fa4', 1.206), ('vllm_fa3', 1.227)), 'causal+paged_kv:32': (('vllm_fa3', 1.225),), 'causal+paged_kv:64': (('trtllm_decode', 0.7311), ('fa4', 1.035), ('vllm_fa4', 1.176), ('vllm_fa3', 1.224)), 'causal+sinks': (('trtllm_decode', 0.9118), ('fa4', 0.9361), ('vllm_fa4', 1.028), ('vllm_fa3', 1.14)), 'causal+softcap': (('vllm_fa3', 1.284), ('fa2', 1.717), ('fa4', 6.297), ('vllm_fa4', 6.44)), 'causal+varlen': (('trtllm_decode', 0.6887), ('fa4', 0.7638), ('vllm_fa4', 0.8448), ('vllm_fa3', 0.8653), ('fa2', 1.111))},
-            ('decode', 'bfloat16', 96, 96): {'none': (('sdpa_cudnn', 0.7779), ('trtllm_decode', 0.9418), ('fa4', 0.9449), ('vllm_fa4', 0.9681), ('vllm_fa3', 1.017), ('sdpa_flash', 1.344), ('fa2', 1.374), ('sdpa_efficient', 1.534), ('sdpa_math', 16.01)), 'causal': (('sdpa_cudnn', 0.8081), ('fa4', 0.9342), ('trtllm_decode', 0.9419), ('vllm_fa3', 1.047), ('vllm_fa4', 1.133), ('fa2', 1.347), ('sdpa_flash', 1.439), ('sdpa_efficient', 1.56), ('sdpa_math', 16.02)), 'sliding_window': (('fa2', 0.1354), ('fa4', 0.1464), ('vllm_fa4', 0.1478), ('trtllm_decode', 0.1509), ('vllm_fa3', 0.1728), ('sdpa_cudnn', 0.8165), ('sdpa_efficient', 1.832), ('sdpa_math', 16.05)), 'alibi+causal': (('sdpa_cudnn', 0.8224), ('fa2', 1.394), ('sdpa_efficient', 1.855), ('sdpa_math', 16.08)), 'causal+fp8': (('vllm_fa3', 0.7508),), 'causal+gqa': (('sdpa_cudnn', 0.2052), ('fa4', 0.2371), ('trtllm_decode', 0.2442), ('vllm_fa3', 0.2452), ('vllm_fa4', 0.2736), ('sdpa_flash', 0.3231), ('fa2', 0.3376), ('sdpa_math', 10.02)), 'causal+paged_kv:128': (('trtllm_decode', 0.8619), ('fa4', 0.9435), ('vllm_fa4', 1.14), ('vllm_fa3', 1.24)), 'causal+paged_kv:16': (('trtllm_decode', 0.9365), ('fa4', 1.09), ('vllm_fa3', 1.197), ('vllm_fa4', 1.197)), 'causal+paged_kv:256': (('fa2', 0.896), ('fa4', 1.103), ('vllm_fa3', 1.14), ('vllm_fa4', 1.15)), 'causal+paged_kv:32': (('vllm_fa3', 1.083),), 'causal+paged_kv:64': (('trtllm_decode', 0.8815), ('fa4', 1.056), ('vllm_fa3', 1.178), ('vllm_fa4', 1.576)), 'causal+sinks': (('trtllm_decode', 0.9408), ('fa4', 1.025), ('vllm_fa3', 1.081), ('vllm_fa4', 1.116)), 'causal+softcap': (('fa2', 1.482), ('vllm_fa3', 1.545), ('fa4', 6.302), ('vllm_fa4', 6.526)), 'causal+varlen': (('trtllm_decode', 0.7758), ('vllm_fa3', 0.8329), ('vllm_fa4', 0.8973), ('fa4', 0.9136), ('fa2', 1.067))},
-            ('decode', 'bfloat16', 128, 128): {'none': (('sdpa_cudnn', 0.9618), ('vllm_fa3', 0.9658), ('flashinfer', 0.9992), ('vllm_fa4', 0.9994), ('fa4', 1.019), ('trtllm_decode', 1.138), ('sdpa_efficient', 1.632), ('sdpa_flash', 1.733), ('fa2', 1.823), ('sdpa_math', 21.05)), 'causal': (('vllm_fa4', 0.9624), ('vllm_fa3', 0.9679), ('flashinfer', 0.9693), ('fa4', 0.9728), ('sdpa_cudnn', 1.029), ('trtllm_decode', 1.136), ('sdpa_efficient', 1.637), ('fa2', 1.683), ('sdpa_flash', 1.747), ('sdpa_math', 21.07)), 'sliding_window': (('fa4', 0.1237), ('vllm_fa4', 0.1243), ('vllm_fa3', 0.136), ('trtllm_decode', 0.1538), ('fa2', 0.1667), ('flashinfer', 0.9721), ('sdpa_cudnn', 0.9735), ('sdpa_efficient', 1.922), ('sdpa_math', 21.12)), 'alibi+causal': (('sdpa_cudnn', 0.9699), ('flashinfer', 1.048), ('fa2', 1.746), ('sdpa_efficient', 2.019), ('sdpa_math', 21.11)), 'causal+fp8': (('flashinfer', 0.5925), ('vllm_fa3', 0.6572)), 'causal+gqa': (('vllm_fa4', 0.2416), ('sdpa_cudnn', 0.2462), ('vllm_fa3', 0.2568), ('fa4', 0.2662), ('trtllm_decode', 0.2947), ('flashinfer', 0.3775), ('fa2', 0.3776), ('sdpa_flash', 0.3902), ('sdpa_math', 13.22)), 'causal+paged_kv:128': (('vllm_fa3', 0.9409), ('flashinfer', 0.9663), ('fa4', 0.9705), ('trtllm_decode', 0.9813), ('vllm_fa4', 0.9916)), 'causal+paged_kv:16': (('flashinfer', 0.9726), ('vllm_fa3', 0.9929), ('trtllm_decode', 1.107), ('fa4', 1.12), ('vllm_fa4', 1.18)), 'causal+paged_kv:256': (('vllm_fa3', 0.9833), ('fa4', 0.9859), ('flashinfer', 1.006), ('fa2', 1.101), ('vllm_fa4', 1.125)), 'causal+paged_kv:32': (('vllm_fa3', 0.9753),), 'causal+paged_kv:64': (('flashinfer', 0.9711), ('trtllm_decode', 0.98), ('fa4', 0.9903), ('vllm_fa3', 1.066), ('vllm_fa4', 1.146)), 'causal+sinks': (('fa4', 0.9601), ('vllm_fa3', 0.9639), ('vllm_fa4', 0.9894), ('trtllm_decode', 1.141)), 'causal+softcap': (('vllm_fa3', 0.9699), ('flashinfer', 0.9726), ('fa2', 2.022), ('fa4', 5.948), ('vllm_fa4', 6.176)), 'causal+varlen': (('fa4', 0.7621), ('vllm_fa3', 0.7778), ('vllm_fa4', 0.905), ('flashinfer', 0.9109), ('trtllm_decode', 0.911), ('fa2', 1.341))},
-            ('decode', 'bfloat16', 160, 160): {'none': (('vllm_fa4', 1.225), ('fa4', 1.291), ('vllm_fa3', 1.461), ('sdpa_efficient', 1.512), ('sdpa_cudnn', 2.285), ('fa2', 2.857), ('sdpa_flash', 3.012), ('sdpa_math', 27.05, 2, 3)), 'causal': (('fa4', 1.234), ('vllm_fa3', 1.365), ('vllm_fa4', 1.386), ('sdpa_efficient', 1.67), ('sdpa_cudnn', 2.272), ('fa2', 2.808), ('sdpa_flash', 3.015), ('sdpa_math', 27.63, 2, 3)), 'sliding_window': (('fa4', 0.1502), ('vllm_fa4', 0.1502), ('vllm_fa3', 0.1527), ('fa2', 0.2674), ('sdpa_efficient', 1.609), ('sdpa_cudnn', 2.366), ('sdpa_math', 6.848, 1, 3)), 'alibi+causal': (('sdpa_efficient', 1.687), ('sdpa_cudnn', 2.359), ('fa2', 2.791), ('sdpa_math', 26.74, 2, 3)), 'causal+fp8': (('vllm_fa3', 1.867),), 'causal+gqa': (('fa4', 0.3164), ('vllm_fa4', 0.317), ('vllm_fa3', 0.3778), ('sdpa_cudnn', 0.5783), ('fa2', 0.7096), ('sdpa_flash', 0.728), ('sdpa_math', 16.86)), 'causal+paged_kv:128': (('vllm_fa3', 1.483),), 'causal+paged_kv:16': (('vllm_fa3', 1.599),), 'causal+paged_kv:256': (('vllm_fa3', 1.437), ('fa2', 1.853)), 'causal+paged_kv:32': (('vllm_fa3', 1.584),), 'causal+paged_kv:64': (('vllm_fa3', 1.494),), 'causal+sinks': (('fa4', 1.221), ('vllm_fa4', 1.235), ('vllm_fa3', 1.386)), 'causal+softcap': (('vllm_fa3', 1.508), ('fa2', 3.067), ('fa4', 6.249), ('vllm_fa4', 6.326)), 'causal+varlen': (('vllm_fa4', 0.9641), ('fa4', 0.9668), ('vllm_fa3', 1.125), ('fa2', 2.309))},
-            ('decode', 'bfloat16', 192, 192): {'none': (('fa4', 1.434), ('vllm_fa3', 1.445), ('vllm_fa4', 1.505), ('sdpa_efficient', 1.725), ('trtllm_decode', 2.247), ('sdpa_cudnn', 2.266), ('fa2', 2.646), ('sdpa_flash', 2.893), ('sdpa_math', 31.65, 2, 3)), 'causal': (('vllm_fa4', 1.428), ('fa4', 1.455), ('vllm_fa3', 1.555), ('sdpa_efficient', 1.756), ('trtllm_decode', 2.009), ('sdpa_cudnn', 2.295), ('fa2', 2.772), ('sdpa_flash', 2.94), ('sdpa_math', 32.26)), 'sliding_window': (('fa4', 0.1644), ('vllm_fa4', 0.1679), ('vllm_fa3', 0.1902), ('fa2', 0.2497), ('trtllm_decode', 0.4097), ('sdpa_efficient', 1.748), ('sdpa_cudnn', 2.329), ('sdpa_math', 31.7, 1, 3)), 'alibi+causal': (('sdpa_efficient', 1.782), ('sdpa_cudnn', 2.352), ('fa2', 2.85), ('sdpa_math', 32.32)), 'causal+fp8': (('vllm_fa3', 1.726),), 'causal+gqa': (('vllm_fa4', 0.3681), ('fa4', 0.3708), ('vllm_fa3', 0.414), ('trtllm_decode', 0.5682), ('sdpa_cudnn', 0.5771), ('fa2', 0.6315), ('sdpa_flash', 0.6519), ('sdpa_math', 18.32)), 'causal+paged_kv:128': (('vllm_fa3', 1.465, 1, 3), ('fa4', 1.577), ('vllm_fa4', 1.583), ('trtllm_decode', 1.673)), 'causal+paged_kv:16': (('vllm_fa3', 1.615), ('fa4', 1.62), ('trtllm_decode', 1.973), ('vllm_fa4', 2.095)), 'causal+paged_kv:256': (('fa4', 1.491), ('vllm_fa4', 1.498), ('vllm_fa3', 1.514), ('fa2', 1.73)), 'causal+paged_kv:32': (('vllm_fa3', 1.51),), 'causal+paged_kv:64': (('vllm_fa3', 1.573), ('vllm_fa4', 1.587), ('fa4', 1.706), ('trtllm_decode', 1.84)), 'causal+sinks': (('fa4', 1.416), ('vllm_fa4', 1.418), ('vllm_fa3', 1.469), ('trtllm_decode', 1.93)), 'causal+softcap': (('vllm_fa3', 1.555), ('fa2', 3.01), ('fa4', 6.304), ('vllm_fa4', 6.358)), 'causal+varlen': (('fa4', 1.084), ('vllm_fa4', 1.092), ('trtllm_decode', 1.508), ('vllm_fa3', 1.922), ('fa2', 2.16))},
-            ('decode', 'bfloat16', 224, 224): {'none': (('vllm_fa4', 1.721), ('fa4', 1.723), ('vllm_fa3', 1.942), ('sdpa_efficient', 2.19), ('trtllm_decode', 2.322), ('fa2', 2.342), ('sdpa_flash', 2.366), ('sdpa_cudnn', 2.583), ('sdpa_math', 38.05, 1, 3)), 'causal': (('fa4', 1.772), ('vllm_fa4', 1.848), ('vllm_fa3', 2.012, 2, 3), ('sdpa_efficient', 2.03), ('fa2', 2.326), ('sdpa_flash', 2.344), ('sdpa_cudnn', 2.63), ('trtllm_decode', 2.714), ('sdpa_math', 37.7, 2, 3)), 'sliding_window': (('vllm_fa4', 0.1737), ('fa4', 0.1739), ('vllm_fa3', 0.1977), ('fa2', 0.2031), ('trtllm_decode', 0.4984), ('sdpa_efficient', 2.091), ('sdpa_cudnn', 2.685), ('sdpa_math', 37.09)), 'alibi+causal': (('sdpa_efficient', 2.096), ('fa2', 2.348), ('sdpa_cudnn', 2.583), ('sdpa_math', 36.78)), 'causal+fp8': (('vllm_fa3', 4.461),), 'causal+gqa': (('vllm_fa4', 0.4329), ('fa4', 0.4727), ('vllm_fa3', 0.4973), ('sdpa_flash', 0.5112), ('fa2', 0.5313), ('sdpa_cudnn', 0.6424), ('trtllm_decode', 0.6637), ('sdpa_math', 21.39)), 'causal+paged_kv:128': (('vllm_fa3', 2.021, 1, 3), ('trtllm_decode', 2.545)), 'causal+paged_kv:16': (('vllm_fa3', 2.037), ('trtllm_decode', 2.322)), 'causal+paged_kv:256': (('vllm_fa3', 1.735, 1, 3), ('fa2', 2.367)), 'causal+paged_kv:32': (('vllm_fa3', 1.931),), 'causal+paged_kv:64': (('trtllm_decode', 2.131), ('vllm_fa3', 2.293, 1, 3)), 'causal+sinks': (('fa4', 1.734), ('vllm_fa4', 1.751), ('vllm_fa3', 1.92, 2, 3), ('trtllm_decode', 2.329)), 'causal+softcap': (('vllm_fa3', 1.943), ('fa2', 2.387), ('fa4', 6.559), ('vllm_fa4', 6.702)), 'causal+varlen': (('vllm_fa4', 1.338), ('fa4', 1.339), ('vllm_fa3', 1.432), ('trtllm_decode', 1.775), ('fa2', 1.837))},
-            ('decode', 'bfloat16', 256, 256): {'none': (('vllm_fa4', 1.893), ('vllm_fa3', 1.966), ('fa4', 1.986), ('sdpa_flash', 2.212), ('fa2', 2.231), ('sdpa_efficient', 2.253), ('trtllm_decode', 2.487), ('sdpa_cudnn', 2.515), ('sdpa_math', 41.76)), 'causal': (('vllm_fa4', 1.897), ('fa4', 2.034), ('sdpa_efficient', 2.078), ('vllm_fa3', 2.083), ('fa2', 2.116), ('sdpa_flash', 2.145), ('trtllm_decode', 2.37), ('sdpa_cudnn', 2.474), ('sdpa_math', 41.88, 2, 3)), 'sliding_window': (('vllm_fa4', 0.1833), ('fa4', 0.1864), ('vllm_fa3', 0.204), ('fa2', 0.2173), ('trtllm_decode', 0.8334, 1, 3), ('sdpa_efficient', 2.221), ('sdpa_cudnn', 2.636), ('sdpa_math', 102.0, 2, 3)), 'alibi+causal': (('sdpa_efficient', 2.148), ('fa2', 2.298), ('sdpa_cudnn', 2.674), ('sdpa_math', 41.94)), 'causal+fp8': (('vllm_fa3', 4.465),), 'causal+gqa': (('sdpa_flash', 0.4849), ('fa4', 0.4873), ('vllm_fa4', 0.4947), ('fa2', 0.4995), ('vllm_fa3', 0.5569), ('trtllm_decode', 0.6209), ('sdpa_cudnn', 0.6274), ('sdpa_math', 24.66, 2, 3)), 'causal+paged_kv:128': (('fa4', 1.979), ('vllm_fa4', 2.083), ('vllm_fa3', 2.125), ('trtllm_decode', 2.213)), 'causal+paged_kv:16': (('vllm_fa4', 2.04, 1, 3), ('fa4', 2.124), ('vllm_fa3', 2.191), ('trtllm_decode', 2.332)), 'causal+paged_kv:256': (('vllm_fa3', 1.939), ('fa4', 1.965), ('vllm_fa4', 1.988), ('fa2', 2.233)), 'causal+paged_kv:32': (('vllm_fa3', 1.979),), 'causal+paged_kv:64': (('vllm_fa3', 1.997, 1, 3), ('vllm_fa4', 2.057), ('fa4', 2.145), ('trtllm_decode', 2.201)), 'causal+sinks': (('fa4', 1.902), ('vllm_fa3', 1.974), ('vllm_fa4', 2.005), ('trtllm_decode', 2.375)), 'causal+softcap': (('vllm_fa3', 2.097), ('fa2', 2.159), ('fa4', 6.666), ('vllm_fa4', 6.932)), 'causal+varlen': (('fa4', 1.652), ('vllm_fa4', 1.696), ('fa2', 1.725), ('vllm_fa3', 1.755), ('trtllm_decode', 1.956))},
-            ('decode', 'bfloat16', 512, 512): {'none': (('vllm_fa4', 3.811), ('sdpa_efficient', 4.228), ('trtllm_decode', 9.047), ('sdpa_math', 84.86)), 'causal': (('vllm_fa4', 3.862), ('sdpa_efficient', 4.503), ('trtllm_decode', 9.187), ('sdpa_math', 87.12, 2, 3)), 'sliding_window': (('vllm_fa4', 0.3517), ('trtllm_decode', 1.551), ('sdpa_efficient', 4.583), ('sdpa_math', 84.35)), 'alibi+causal': (('sdpa_efficient', 4.322), ('sdpa_math', 83.92)), 'causal+fp8': (('vllm_fa4', 3.948),), 'causal+gqa': (('vllm_fa4', 0.9587), ('trtllm_decode', 2.2)), 'causal+paged_kv:128': (('vllm_fa4', 4.883), ('trtllm_decode', 7.634)), 'causal+paged_kv:16': (('vllm_fa4', 4.813), ('trtllm_decode', 8.832)), 'causal+paged_kv:256': (('vllm_fa4', 4.54),), 'causal+paged_kv:64': (('trtllm_decode', 7.083),), 'causal+sinks': (('vllm_fa4', 3.855), ('trtllm_decode', 9.743)), 'causal+softcap': (('vllm_fa4', 7.904),), 'causal+varlen': (('vllm_fa4', 3.498), ('trtllm_decode', 7.007))},
-            ('decode', 'bfloat16', 192, 128): {'none': (('fa4', 1.203), ('vllm_fa3', 1.212), ('vllm_fa4', 1.267), ('sdpa_efficient', 1.337), ('sdpa_cudnn', 1.383), ('sdpa_math', 26.97, 1, 3)), 'causal': (('vllm_fa4', 1.202), ('vllm_fa3', 1.204), ('fa4', 1.211), ('sdpa_efficient', 1.317), ('sdpa_cudnn', 1.369), ('sdpa_math', 28.01)), 'sliding_window': (('fa4', 0.1426), ('vllm_fa4', 0.1607), ('vllm_fa3', 0.1839), ('sdpa_efficient', 1.403), ('sdpa_cudnn', 1.404), ('sdpa_math', 28.02)), 'alibi+causal': (('sdpa_efficient', 1.367), ('sdpa_cudnn', 1.424), ('sdpa_math', 28.04)), 'causal+fp8': (('vllm_fa3', 1.289),), 'causal+gqa': (('vllm_fa4', 0.3031), ('fa4', 0.308), ('sdpa_cudnn', 0.3511), ('vllm_fa3', 0.583), ('sdpa_math', 15.85)), 'causal+paged_kv:128': (('fa4', 1.2), ('vllm_fa4', 1.223), ('vllm_fa3', 1.307)), 'causal+paged_kv:16': (('vllm_fa3', 1.279), ('fa4', 1.368), ('vllm_fa4', 1.376)), 'causal+paged_kv:256': (('fa4', 1.223), ('vllm_fa4', 1.321), ('vllm_fa3', 1.424)), 'causal+paged_kv:32': (('vllm_fa3', 1.372),), 'causal+paged_kv:64': (('vllm_fa3', 1.271), ('fa4', 1.296), ('vllm_fa4', 1.34)), 'causal+sinks': (('fa4', 1.187), ('vllm_fa4', 1.198)), 'causal+softcap': (('vllm_fa3', 1.266), ('fa4', 6.162), ('vllm_fa4', 6.208)), 'causal+varlen': (('fa4', 0.9419), ('vllm_fa4', 0.9461), ('vllm_fa3', 0.9767))},
-            ('decode', 'float16', 32, 32): {'none': (('sdpa_cudnn', 0.3248), ('trtllm_decode', 0.4634), ('fa4', 0.6184), ('fa2', 0.6878), ('sdpa_flash', 0.8441), ('vllm_fa3', 0.8981), ('sdpa_efficient', 1.047), ('sdpa_math', 5.392)), 'causal': (('sdpa_cudnn', 0.3227), ('trtllm_decode', 0.4713), ('fa2', 0.6779), ('fa4', 0.7084), ('sdpa_flash', 0.7623), ('vllm_fa3', 0.8194), ('sdpa_efficient', 1.026), ('sdpa_math', 5.703)), 'sliding_window': (('fa2', 0.0999), ('trtllm_decode', 0.1067), ('fa4', 0.111), ('vllm_fa3', 0.1329), ('sdpa_cudnn', 0.3685), ('sdpa_efficient', 1.254), ('sdpa_math', 5.444)), 'alibi+causal': (('sdpa_cudnn', 0.3734), ('fa2', 0.6861), ('sdpa_efficient', 1.318), ('sdpa_math', 5.44)), 'causal+gqa': (('sdpa_cudnn', 0.08693), ('trtllm_decode', 0.1187), ('fa4', 0.1558), ('fa2', 0.1603), ('sdpa_flash', 0.1839), ('vllm_fa3', 0.2372), ('sdpa_math', 3.842)), 'causal+paged_kv:128': (('trtllm_decode', 0.417), ('fa4', 0.6228), ('vllm_fa3', 0.9438)), 'causal+paged_kv:16': (('trtllm_decode', 0.4635), ('fa4', 0.7328), ('vllm_fa3', 0.9226)), 'causal+paged_kv:256': (('fa2', 0.4058), ('fa4', 0.655), ('vllm_fa3', 0.9079)), 'causal+paged_kv:32': (('vllm_fa3', 0.915),), 'causal+paged_kv:64': (('trtllm_decode', 0.4122), ('fa4', 0.6874), ('vllm_fa3', 1.084)), 'causal+sinks': (('trtllm_decode', 0.4649), ('fa4', 0.6111), ('vllm_fa3', 0.9797)), 'causal+softcap': (('fa2', 0.9101), ('vllm_fa3', 1.211), ('fa4', 6.217)), 'causal+varlen': (('trtllm_decode', 0.3824), ('fa4', 0.5174), ('fa2', 0.625), ('vllm_fa3', 0.6473))},
-            ('decode', 'float16', 64, 64): {'none': (('sdpa_cudnn', 0.4838), ('vllm_fa3', 0.5372), ('trtllm_decode', 0.5765), ('fa4', 0.7512), ('fa2', 0.8989), ('sdpa_flash', 0.9815), ('sdpa_efficient', 1.107), ('sdpa_math', 10.71)), 'causal': (('sdpa_cudnn', 0.4857), ('vllm_fa3', 0.5372), ('trtllm_decode', 0.5757), ('fa4', 0.7669), ('fa2', 0.9586), ('sdpa_flash', 1.089), ('sdpa_efficient', 1.105), ('sdpa_math', 10.71)), 'sliding_window': (('trtllm_decode', 0.1071), ('fa4', 0.1318), ('vllm_fa3', 0.136), ('fa2', 0.1375), ('sdpa_cudnn', 0.485), ('sdpa_efficient', 1.348), ('sdpa_math', 10.75)), 'alibi+causal': (('sdpa_cudnn', 0.4924), ('fa2', 1.115), ('sdpa_efficient', 1.477), ('sdpa_math', 10.75)), 'causal+gqa': (('sdpa_cudnn', 0.1285), ('vllm_fa3', 0.1333), ('trtllm_decode', 0.1515), ('fa4', 0.1876), ('fa2', 0.2252), ('sdpa_flash', 0.2304), ('sdpa_math', 7.887)), 'causal+paged_kv:128': (('trtllm_decode', 0.4951), ('vllm_fa3', 0.5066), ('fa4', 0.766)), 'causal+paged_kv:16': (('trtllm_decode', 0.5486), ('vllm_fa3', 0.5988), ('fa4', 0.9024)), 'causal+paged_kv:256': (('vllm_fa3', 0.5064), ('fa2', 0.5883), ('fa4', 0.8463)), 'causal+paged_kv:32': (('vllm_fa3', 0.5205),), 'causal+paged_kv:64': (('vllm_fa3', 0.5152), ('trtllm_decode', 0.5463), ('fa4', 0.9642)), 'causal+sinks': (('vllm_fa3', 0.4986), ('trtllm_decode', 0.6032), ('fa4', 0.7526)), 'causal+softcap': (('vllm_fa3', 0.5632), ('fa2', 1.085), ('fa4', 6.348)), 'causal+varlen': (('vllm_fa3', 0.3879), ('trtllm_decode', 0.4992), ('fa4', 0.7201), ('fa2', 0.8215))},
-            ('decode', 'float16', 80, 80): {'none': (('sdpa_cudnn', 0.6874), ('trtllm_decode', 0.9089), ('fa4', 0.9532), ('vllm_fa3', 0.9812), ('fa2', 1.399), ('sdpa_flash', 1.48), ('sdpa_efficient', 1.744), ('sdpa_math', 13.48)), 'causal': (('sdpa_cudnn', 0.6864), ('trtllm_decode', 0.8173), ('fa4', 1.034), ('vllm_fa3', 1.137), ('fa2', 1.382), ('sdpa_flash', 1.476), ('sdpa_efficient', 1.57), ('sdpa_math', 13.47)), 'sliding_window': (('fa2', 0.1369), ('trtllm_decode', 0.1474), ('fa4', 0.1481), ('vllm_fa3', 0.1831), ('sdpa_cudnn', 0.6972), ('sdpa_efficient', 1.944), ('sdpa_math', 13.51)), 'alibi+causal': (('sdpa_cudnn', 0.7543), ('fa2', 1.424), ('sdpa_efficient', 1.925), ('sdpa_math', 13.52)), 'causal+gqa': (('sdpa_cudnn', 0.1856), ('trtllm_decode', 0.2389), ('vllm_fa3', 0.2538), ('fa4', 0.2709), ('fa2', 0.3225), ('sdpa_flash', 0.3399), ('sdpa_math', 8.252)), 'causal+paged_kv:128': (('trtllm_decode', 0.8519), ('fa4', 1.114), ('vllm_fa3', 1.214)), 'causal+paged_kv:16': (('trtllm_decode', 0.8163), ('vllm_fa3', 1.105), ('fa4', 1.11)), 'causal+paged_kv:256': (('fa2', 0.9159), ('fa4', 1.056), ('vllm_fa3', 1.106)), 'causal+paged_kv:32': (('vllm_fa3', 1.114),), 'causal+paged_kv:64': (('trtllm_decode', 0.72), ('vllm_fa3', 1.08), ('fa4', 1.098)), 'causal+sinks': (('trtllm_decode', 0.8555), ('fa4', 0.997), ('vllm_fa3', 1.083)), 'causal+softcap': (('vllm_fa3', 1.505), ('fa2', 1.699), ('fa4', 6.285)), 'causal+varlen': (('trtllm_decode', 0.6869), ('vllm_fa3', 0.8099), ('fa4', 0.8523), ('fa2', 1.088))},
-            ('decode', 'float16', 96, 96): {'none': (('sdpa_cudnn', 0.8097), ('trtllm_decode', 0.9519), ('fa4', 1.035), ('vllm_fa3', 1.11), ('fa2', 1.335), ('sdpa_flash', 1.519), ('sdpa_efficient', 1.54), ('sdpa_math', 15.96)), 'causal': (('sdpa_cudnn', 0.8097), ('trtllm_decode', 0.9384), ('fa4', 1.043), ('vllm_fa3', 1.173), ('fa2', 1.272), ('sdpa_flash', 1.551), ('sdpa_efficient', 1.563), ('sdpa_math', 15.97)), 'sliding_window': (('fa2', 0.1345), ('fa4', 0.1473), ('trtllm_decode', 0.1502), ('vllm_fa3', 0.1716), ('sdpa_cudnn', 0.8163), ('sdpa_efficient', 1.821), ('sdpa_math', 16.01)), 'alibi+causal': (('sdpa_cudnn', 0.8188), ('fa2', 1.34), ('sdpa_efficient', 1.841), ('sdpa_math', 16.01)), 'causal+gqa': (('sdpa_cudnn', 0.2063), ('fa4', 0.2415), ('trtllm_decode', 0.251), ('vllm_fa3', 0.2527), ('fa2', 0.3093), ('sdpa_flash', 0.3504), ('sdpa_math', 10.17)), 'causal+paged_kv:128': (('trtllm_decode', 0.8444), ('fa4', 0.96), ('vllm_fa3', 1.27)), 'causal+paged_kv:16': (('trtllm_decode', 0.9208), ('fa4', 1.126), ('vllm_fa3', 1.272)), 'causal+paged_kv:256': (('fa2', 0.8852), ('vllm_fa3', 1.101), ('fa4', 1.253)), 'causal+paged_kv:32': (('vllm_fa3', 1.121),), 'causal+paged_kv:64': (('trtllm_decode', 0.8447), ('fa4', 1.117), ('vllm_fa3', 1.238)), 'causal+sinks': (('trtllm_decode', 0.9419), ('fa4', 1.003), ('vllm_fa3', 1.134)), 'causal+softcap': (('vllm_fa3', 1.343), ('fa2', 1.599), ('fa4', 6.288)), 'causal+varlen': (('trtllm_decode', 0.8321), ('fa4', 0.885), ('vllm_fa3', 0.9226), ('fa2', 1.093))},
-            ('decode', 'float16', 128, 128): {'none': (('fa4', 0.9673), ('vllm_fa3', 0.97), ('sdpa_cudnn', 1.042), ('trtllm_decode', 1.122), ('fa2', 1.625), ('sdpa_efficient', 1.757), ('sdpa_flash', 1.934), ('sdpa_math', 21.07)), 'causal': (('sdpa_cudnn', 0.9644), ('vllm_fa3', 0.9681), ('fa4', 0.97), ('trtllm_decode', 1.1), ('sdpa_efficient', 1.657), ('fa2', 1.671), ('sdpa_flash', 1.898), ('sdpa_math', 21.08)), 'sliding_window': (('fa4', 0.123), ('vllm_fa3', 0.1381), ('trtllm_decode', 0.1545), ('fa2', 0.1686), ('sdpa_cudnn', 1.15), ('sdpa_efficient', 1.903), ('sdpa_math', 21.12)), 'alibi+causal': (('sdpa_cudnn', 1.118), ('fa2', 1.772), ('sdpa_efficient', 1.942), ('sdpa_math', 21.12)), 'causal+gqa': (('sdpa_cudnn', 0.2461), ('fa4', 0.2466), ('vllm_fa3', 0.2526), ('trtllm_decode', 0.2937), ('fa2', 0.3818), ('sdpa_flash', 0.4197), ('sdpa_math', 13.2)), 'causal+paged_kv:128': (('trtllm_decode', 0.9387), ('vllm_fa3', 0.9826), ('fa4', 1.131)), 'causal+paged_kv:16': (('vllm_fa3', 1.007), ('trtllm_decode', 1.122), ('fa4', 1.159)), 'causal+paged_kv:256': (('vllm_fa3', 0.9863), ('fa2', 1.032), ('fa4', 1.053)), 'causal+paged_kv:32': (('vllm_fa3', 0.9809),), 'causal+paged_kv:64': (('vllm_fa3', 0.9414), ('trtllm_decode', 0.9824), ('fa4', 1.214)), 'causal+sinks': (('fa4', 0.9483), ('vllm_fa3', 0.9631), ('trtllm_decode', 1.137)), 'causal+softcap': (('vllm_fa3', 0.967), ('fa2', 2.041), ('fa4', 5.953)), 'causal+varlen': (('vllm_fa3', 0.7499), ('fa4', 0.8051), ('trtllm_decode', 0.8823), ('fa2', 1.311))},
-            ('decode', 'float16', 160, 160): {'none': (('fa4', 1.291), ('vllm_fa3', 1.434), ('sdpa_efficient', 1.721), ('sdpa_cudnn', 2.397), ('fa2', 2.749), ('sdpa_flash', 3.025), ('sdpa_math', 26.43)), 'causal': (('fa4', 1.303), ('vllm_fa3', 1.392), ('sdpa_efficient', 1.715), ('sdpa_cudnn', 2.279), ('fa2', 2.917), ('sdpa_flash', 3.145), ('sdpa_math', 26.45)), 'sliding_window': (('vllm_fa3', 0.1427), ('fa4', 0.1523), ('fa2', 0.2656), ('sdpa_efficient', 1.732), ('sdpa_cudnn', 2.335), ('sdpa_math', 26.48)), 'alibi+causal': (('sdpa_efficient', 1.72), ('sdpa_cudnn', 2.35), ('fa2', 2.836), ('sdpa_math', 26.47)), 'causal+gqa': (('fa4', 0.3174), ('sdpa_cudnn', 0.576), ('vllm_fa3', 0.5777), ('fa2', 0.7175), ('sdpa_flash', 0.8655), ('sdpa_math', 16.54)), 'causal+paged_kv:128': (('vllm_fa3', 1.477),), 'causal+paged_kv:16': (('vllm_fa3', 1.56),), 'causal+paged_kv:256': (('vllm_fa3', 1.71), ('fa2', 1.813)), 'causal+paged_kv:32': (('vllm_fa3', 1.434),), 'causal+paged_kv:64': (('vllm_fa3', 1.459),), 'causal+sinks': (('fa4', 1.242), ('vllm_fa3', 1.591)), 'causal+softcap': (('vllm_fa3', 1.613), ('fa2', 3.095), ('fa4', 6.636)), 'causal+varlen': (('fa4', 1.003), ('vllm_fa3', 1.134), ('fa2', 2.236))},
-            ('decode', 'float16', 192, 192): {'none': (('fa4', 1.489), ('vllm_fa3', 1.497), ('sdpa_efficient', 1.747), ('trtllm_decode', 2.122, 1, 3), ('sdpa_cudnn', 2.269), ('fa2', 2.808), ('sdpa_flash', 2.876), ('sdpa_math', 31.54)), 'causal': (('fa4', 1.567), ('vllm_fa3', 1.582), ('sdpa_efficient', 1.773), ('sdpa_cudnn', 2.269), ('fa2', 2.796), ('sdpa_flash', 2.922), ('sdpa_math', 31.6)), 'sliding_window': (('vllm_fa3', 0.1532), ('fa4', 0.2006), ('fa2', 0.2946), ('trtllm_decode', 0.3961), ('sdpa_efficient', 1.88), ('sdpa_cudnn', 2.337), ('sdpa_math', 31.59)), 'alibi+causal': (('sdpa_efficient', 1.848), ('sdpa_cudnn', 2.35), ('fa2', 2.927), ('sdpa_math', 31.6)), 'causal+gqa': (('fa4', 0.3709), ('vllm_fa3', 0.3839), ('sdpa_cudnn', 0.5803), ('fa2', 0.6334), ('sdpa_flash', 0.6852), ('trtllm_decode', 1.241, 2, 3), ('sdpa_math', 18.29)), 'causal+paged_kv:128': (('trtllm_decode', 1.654), ('fa4', 1.677), ('vllm_fa3', 1.907, 1, 3)), 'causal+paged_kv:16': (('vllm_fa3', 1.554), ('fa4', 1.733)), 'causal+paged_kv:256': (('fa4', 1.56), ('vllm_fa3', 1.645), ('fa2', 1.674)), 'causal+paged_kv:32': (('vllm_fa3', 1.521),), 'causal+paged_kv:64': (('vllm_fa3', 1.562), ('trtllm_decode', 1.59), ('fa4', 1.605)), 'causal+sinks': (('fa4', 1.428), ('vllm_fa3', 1.441), ('trtllm_decode', 1.97)), 'causal+softcap': (('vllm_fa3', 1.669), ('fa2', 2.912), ('fa4', 6.289)), 'causal+varlen': (('fa4', 1.115), ('trtllm_decode', 1.506), ('vllm_fa3', 2.066), ('fa2', 2.111))},
-            ('decode', 'float16', 224, 224): {'none': (('fa4', 1.816), ('vllm_fa3', 2.073), ('sdpa_efficient', 2.225), ('trtllm_decode', 2.247), ('fa2', 2.412), ('sdpa_flash', 2.573), ('sdpa_cudnn', 2.586), ('sdpa_math', 36.61, 1, 3)), 'causal': (('fa4', 1.768), ('vllm_fa3', 1.895, 2, 3), ('sdpa_efficient', 2.073), ('trtllm_decode', 2.243), ('fa2', 2.408), ('sdpa_flash', 2.449), ('sdpa_cudnn', 2.529)), 'sliding_window': (('fa4', 0.1737), ('vllm_fa3', 0.1889), ('fa2', 0.2073), ('sdpa_efficient', 2.488), ('sdpa_cudnn', 2.621), ('sdpa_math', 36.64, 1, 3)), 'alibi+causal': (('fa2', 2.163), ('sdpa_efficient', 2.289), ('sdpa_cudnn', 2.652), ('sdpa_math', 37.68, 2, 3)), 'causal+gqa': (('fa4', 0.4395), ('fa2', 0.5143), ('sdpa_flash', 0.5602), ('trtllm_decode', 0.6115), ('sdpa_cudnn', 0.6626), ('vllm_fa3', 0.9906), ('sdpa_math', 21.35)), 'causal+paged_kv:128': (('trtllm_decode', 1.983, 1, 3), ('vllm_fa3', 2.128)), 'causal+paged_kv:16': (('vllm_fa3', 2.038, 2, 3), ('trtllm_decode', 2.237)), 'causal+paged_kv:256': (('vllm_fa3', 1.882), ('fa2', 2.413)), 'causal+paged_kv:32': (('vllm_fa3', 2.061),), 'causal+paged_kv:64': (('vllm_fa3', 2.04),), 'causal+sinks': (('fa4', 1.878), ('vllm_fa3', 1.945, 1, 3), ('trtllm_decode', 2.441)), 'causal+softcap': (('vllm_fa3', 1.917), ('fa2', 2.394), ('fa4', 6.58)), 'causal+varlen': (('fa4', 1.422), ('vllm_fa3', 1.46), ('trtllm_decode', 1.732), ('fa2', 1.803))},
-            ('decode', 'float16', 256, 256): {'none': (('fa4', 1.949), ('vllm_fa3', 2.008), ('sdpa_efficient', 2.171), ('fa2', 2.208), ('sdpa_flash', 2.31), ('sdpa_cudnn', 2.525)), 'causal': (('vllm_fa3', 2.059), ('sdpa_efficient', 2.13), ('fa2', 2.208), ('sdpa_flash', 2.266), ('fa4', 2.405), ('sdpa_cudnn', 2.522)), 'sliding_window': (('fa2', 0.1737), ('vllm_fa3', 0.1952), ('fa4', 0.2044), ('sdpa_efficient', 2.332), ('sdpa_cudnn', 2.6), ('sdpa_math', 10.4, 1, 3)), 'alibi+causal': (('sdpa_efficient', 2.336), ('fa2', 2.417), ('sdpa_cudnn', 2.59), ('sdpa_math', 41.72)), 'causal+gqa': (('vllm_fa3', 0.4933), ('sdpa_flash', 0.5023), ('fa4', 0.507), ('fa2', 0.5144), ('sdpa_cudnn', 0.6685), ('trtllm_decode', 0.6834, 1, 3), ('sdpa_math', 23.98)), 'causal+paged_kv:128': (('vllm_fa3', 1.971), ('fa4', 2.227)), 'causal+paged_kv:16': (('vllm_fa3', 2.215), ('fa4', 2.265)), 'causal+paged_kv:256': (('vllm_fa3', 1.952), ('fa2', 2.165), ('fa4', 2.438)), 'causal+paged_kv:32': (('vllm_fa3', 2.048),), 'causal+paged_kv:64': (('vllm_fa3', 2.239, 1, 3), ('fa4', 2.24)), 'causal+sinks': (('fa4', 1.898), ('vllm_fa3', 1.977), ('trtllm_decode', 2.914)), 'causal+softcap': (('vllm_fa3', 1.974), ('fa2', 2.303), ('fa4', 6.582)), 'causal+varlen': (('fa2', 1.626), ('vllm_fa3', 1.795), ('fa4', 1.918))},
-            ('decode', 'float16', 512, 512): {'none': (('sdpa_efficient', 4.459),), 'causal': (('sdpa_efficient', 4.524), ('trtllm_decode', 8.258, 1, 3)), 'sliding_window': (('trtllm_decode', 1.653), ('sdpa_efficient', 4.427)), 'alibi+causal': (('sdpa_efficient', 4.287),), 'causal+gqa': (('trtllm_decode', 2.238, 1, 3), ('sdpa_math', 47.26)), 'causal+paged_kv:128': (('trtllm_decode', 7.609),), 'causal+sinks': (('trtllm_decode', 8.836),), 'causal+varlen': (('trtllm_decode', 7.014),)},
-            ('decode', 'float16', 192, 128): {'none': (('vllm_fa3', 1.197), ('fa4', 1.217), ('sdpa_efficient', 1.37), ('sdpa_cudnn', 1.386), ('sdpa_math', 27.9)), 'causal': (('fa4', 1.239), ('vllm_fa3', 1.254), ('sdpa_efficient', 1.319), ('sdpa_cudnn', 1.382), ('sdpa_math', 27.87)), 'sliding_window': (('vllm_fa3', 0.135), ('fa4', 0.1868), ('sdpa_cudnn', 1.405), ('sdpa_efficient', 1.527), ('sdpa_math', 27.9)), 'alibi+causal': (('sdpa_efficient', 1.429), ('sdpa_cudnn', 1.433), ('sdpa_math', 27.88)), 'causal+gqa': (('fa4', 0.308), ('vllm_fa3', 0.3599), ('sdpa_cudnn', 0.3917), ('sdpa_math', 15.88)), 'causal+paged_kv:128': (('fa4', 1.204), ('vllm_fa3', 1.386)), 'causal+paged_kv:16': (('fa4', 1.387), ('vllm_fa3', 1.44)), 'causal+paged_kv:256': (('fa4', 1.289), ('vllm_fa3', 1.459)), 'causal+paged_kv:32': (('vllm_fa3', 1.356),), 'causal+paged_kv:64': (('fa4', 1.239), ('vllm_fa3', 1.409)), 'causal+sinks': (('fa4', 1.195),), 'causal+softcap': (('vllm_fa3', 1.389), ('fa4', 6.123)), 'causal+varlen': (('vllm_fa3', 0.9556), ('fa4', 0.9669))},
-            ('mla_prefill', 'bfloat16', 128, 128): {'causal+qk_rope:64': (('vllm_fa3', 0.2644), ('vllm_fa4', 0.292)), 'causal+fp8+qk_rope:64': (('vllm_fa3', 0.3202),), 'causal+gqa+qk_rope:64': (('vllm_fa3', 0.2495), ('vllm_fa4', 0.2868)), 'causal+qk_rope:64+sinks': (('vllm_fa4', 0.2632), ('vllm_fa3', 0.277)), 'causal+qk_rope:64+softcap': (('vllm_fa3', 0.3988), ('vllm_fa4', 0.581)), 'causal+qk_rope:64+varlen': (('vllm_fa3', 0.3288), ('vllm_fa4', 0.3477))},
-            ('mla_prefill', 'bfloat16', 256, 256): {'causal': (('sdpa_cudnn', 0.4664), ('flashinfer', 0.4793), ('fa4', 0.5241), ('sdpa_flash', 0.9466), ('fa2', 0.9949), ('sdpa_efficient', 2.054), ('sdpa_math', 19.06)), 'alibi+causal': (('fa2', 1.108), ('flashinfer', 1.171), ('sdpa_cudnn', 2.2), ('sdpa_efficient', 4.112), ('sdpa_math', 19.83)), 'causal+gqa': (('fa4', 0.4342), ('sdpa_cudnn', 0.4575), ('flashinfer', 0.5311), ('fa2', 0.9089), ('sdpa_flash', 0.9399), ('sdpa_math', 18.63)), 'causal+qk_rope:0': (('vllm_fa3', 0.4796), ('vllm_fa4', 0.4841)), 'causal+qk_rope:64': (('vllm_fa4', 0.4998), ('vllm_fa3', 0.5242)), 'causal+sinks': (('fa4', 0.4895),), 'causal+softcap': (('flashinfer', 0.5284), ('fa4', 0.6803), ('fa2', 0.9605)), 'causal+varlen': (('fa4', 0.5347), ('flashinfer', 0.5371), ('fa2', 0.8244)), 'causal+fp8+qk_rope:0': (('vllm_fa3', 0.8591),), 'causal+fp8+qk_rope:64': (('vllm_fa3', 0.8831),), 'causal+gqa+qk_rope:0': (('vllm_fa4', 0.4356), ('vllm_fa3', 0.4502)), 'causal+gqa+qk_rope:64': (('vllm_fa3', 0.4244), ('vllm_fa4', 0.4789)), 'causal+qk_rope:0+sinks': (('vllm_fa4', 0.466), ('vllm_fa3', 0.4892)), 'causal+qk_rope:0+softcap': (('vllm_fa3', 0.5749), ('vllm_fa4', 0.7162)), 'causal+qk_rope:0+varlen': (('vllm_fa4', 0.534), ('vllm_fa3', 0.5608)), 'causal+qk_rope:64+sinks': (('vllm_fa4', 0.4659), ('vllm_fa3', 0.5619)), 'causal+qk_rope:64+softcap': (('vllm_fa3', 0.5537), ('vllm_fa4', 0.7136)), 'causal+qk_rope:64+varlen': (('vllm_fa3', 0.5465), ('vllm_fa4', 0.5695))},
-            ('mla_prefill', 'bfloat16', 192, 128): {'causal': (('fa4', 0.2878), ('flashinfer', 0.3002), ('sdpa_cudnn', 0.3268), ('sdpa_efficient', 1.248), ('sdpa_math', 14.65)), 'alibi+causal': (('flashinfer', 1.066), ('sdpa_cudnn', 1.135), ('sdpa_efficient', 2.845), ('sdpa_math', 15.4)), 'causal+gqa': (('fa4', 0.3133), ('flashinfer', 0.3152), ('sdpa_cudnn', 0.3249), ('sdpa_math', 10.72, 1, 3)), 'causal+qk_rope:64': (('vllm_fa3', 0.3696), ('vllm_fa4', 0.4948)), 'causal+sinks': (('fa4', 0.3411),), 'causal+softcap': (('flashinfer', 0.3637), ('fa4', 0.5549)), 'causal+varlen': (('flashinfer', 0.3225), ('fa4', 0.3247)), 'causal+fp8+qk_rope:64': (('vllm_fa3', 0.3903),), 'causal+gqa+qk_rope:64': (('vllm_fa3', 0.3081), ('vllm_fa4', 0.3135)), 'causal+qk_rope:64+sinks': (('vllm_fa4', 0.3588),), 'causal+qk_rope:64+softcap': (('vllm_fa3', 0.4679), ('vllm_fa4', 0.9946)), 'causal+qk_rope:64+varlen': (('vllm_fa4', 0.3379), ('vllm_fa3', 0.3557))},
-            ('mla_prefill', 'float16', 128, 128): {'causal+qk_rope:64': (('vllm_fa3', 0.3019),), 'causal+gqa+qk_rope:64': (('vllm_fa3', 0.2672),), 'causal+qk_rope:64+sinks': (('vllm_fa3', 0.3038),), 'causal+qk_rope:64+softcap': (('vllm_fa3', 0.3261),), 'causal+qk_rope:64+varlen': (('vllm_fa3', 0.3294),)},
-            ('mla_prefill', 'float16', 256, 256): {'causal': (('fa4', 0.4704), ('sdpa_cudnn', 0.4822), ('flashinfer', 0.5097), ('fa2', 0.9244), ('sdpa_flash', 0.9869), ('sdpa_efficient', 2.003), ('sdpa_math', 19.07)), 'alibi+causal': (('fa2', 1.052), ('flashinfer', 1.176), ('sdpa_cudnn', 2.368), ('sdpa_efficient', 4.216), ('sdpa_math', 19.78)), 'causal+gqa': (('fa4', 0.4516), ('flashinfer', 0.4659), ('sdpa_cudnn', 0.6431), ('fa2', 0.905), ('sdpa_flash', 0.9551), ('sdpa_math', 18.63)), 'causal+qk_rope:0': (('vllm_fa3', 0.5657),), 'causal+qk_rope:64': (('vllm_fa3', 0.5151),), 'causal+sinks': (('fa4', 0.4669),), 'causal+softcap': (('flashinfer', 0.5086), ('fa4', 0.7074), ('fa2', 1.109)), 'causal+varlen': (('fa4', 0.5267), ('fa2', 0.7976), ('flashinfer', 0.8963)), 'causal+gqa+qk_rope:0': (('vllm_fa3', 0.5248),), 'causal+gqa+qk_rope:64': (('vllm_fa3', 0.4919),), 'causal+qk_rope:0+sinks': (('vllm_fa3', 0.4776),), 'causal+qk_rope:0+softcap': (('vllm_fa3', 0.589),), 'causal+qk_rope:0+varlen': (('vllm_fa3', 0.5661),), 'causal+qk_rope:64+sinks': (('vllm_fa3', 0.6295),), 'causal+qk_rope:64+softcap': (('vllm_fa3', 0.5014),), 'causal+qk_rope:64+varlen': (('vllm_fa3', 0.7811),)},
-            ('mla_prefill', 'float16', 192, 128): {'causal': (('flashinfer', 0.3062), ('fa4', 0.3147), ('sdpa_cudnn', 0.3611), ('sdpa_efficient', 1.29), ('sdpa_math', 14.64)), 'alibi+causal': (('sdpa_cudnn', 1.025), ('flashinfer', 1.063), ('sdpa_efficient', 2.859), ('sdpa_math', 15.35)), 'causal+gqa': (('fa4', 0.3319), ('sdpa_cudnn', 0.3586), ('flashinfer', 0.3906), ('sdpa_math', 14.17)), 'causal+qk_rope:64': (('vllm_fa3', 0.3088),), 'causal+sinks': (('fa4', 0.3307),), 'causal+softcap': (('flashinfer', 0.3603), ('fa4', 0.5696)), 'causal+varlen': (('flashinfer', 0.3222), ('fa4', 0.3362)), 'causal+gqa+qk_rope:64': (('vllm_fa3', 0.3178),), 'causal+qk_rope:64+softcap': (('vllm_fa3', 0.3522),), 'causal+qk_rope:64+varlen': (('vllm_fa3', 0.3281),)},
+            ('prefill', 'bfloat16', 32, 32, ()): (
+                ('fa4', 0.2288), ('vllm_fa4', 0.2296), ('fa2', 0.3069), ('sdpa_cudnn', 0.3083), ('vllm_fa3', 0.3134),
+                ('sdpa_flash', 0.3606), ('sdpa_efficient', 1.051), ('sdpa_math', 6.804),
+            ),
+            ('prefill', 'bfloat16', 32, 32, ('causal',)): (
+                ('fa4', 0.1484), ('vllm_fa4', 0.1691), ('sdpa_cudnn', 0.1801), ('fa2', 0.1946), ('sdpa_flash', 0.203),
+                ('vllm_fa3', 0.2037), ('sdpa_efficient', 0.6525), ('sdpa_math', 8.669),
+            ),
+            ('prefill', 'bfloat16', 32, 32, ('sliding_window',)): (
+                ('fa4', 0.07846), ('vllm_fa4', 0.07895), ('fa2', 0.0945), ('vllm_fa3', 0.1265), ('sdpa_cudnn', 0.5263),
+                ('sdpa_efficient', 1.482), ('sdpa_math', 9.311),
+            ),
+            ('prefill', 'bfloat16', 32, 32, ('alibi', 'causal')): (
+                ('fa2', 0.205), ('sdpa_cudnn', 0.5492), ('sdpa_efficient', 1.629), ('sdpa_math', 9.395),
+            ),
+            ('prefill', 'bfloat16', 32, 32, ('causal', 'fp8')): (('vllm_fa3', 0.1966),),
+            ('prefill', 'bfloat16', 32, 32, ('causal', 'gqa')): (
+                ('fa4', 0.1364), ('vllm_fa4', 0.1522), ('sdpa_cudnn', 0.1789), ('fa2', 0.1808), ('sdpa_flash', 0.2007),
+                ('vllm_fa3', 0.2095), ('sdpa_math', 8.639),
+            ),
+            ('prefill', 'bfloat16', 32, 32, ('causal', 'paged_kv:128')): (
+                ('fa4', 0.1504), ('vllm_fa4', 0.1787), ('vllm_fa3', 0.2416),
+            ),
+            ('prefill', 'bfloat16', 32, 32, ('causal', 'paged_kv:16')): (
+                ('fa4', 0.1632), ('vllm_fa4', 0.1901), ('vllm_fa3', 0.2174),
+            ),
+            ('prefill', 'bfloat16', 32, 32, ('causal', 'paged_kv:256')): (
+                ('vllm_fa4', 0.1884), ('fa4', 0.1986), ('vllm_fa3', 0.2048), ('fa2', 0.2483),
+            ),
+            ('prefill', 'bfloat16', 32, 32, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.2172),),
+            ('prefill', 'bfloat16', 32, 32, ('causal', 'paged_kv:64')): (
+                ('fa4', 0.1603), ('vllm_fa4', 0.189), ('vllm_fa3', 0.2178),
+            ),
+            ('prefill', 'bfloat16', 32, 32, ('causal', 'sinks')): (
+                ('fa4', 0.1472), ('vllm_fa4', 0.163), ('vllm_fa3', 0.206),
+            ),
+            ('prefill', 'bfloat16', 32, 32, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.2642), ('fa2', 0.275), ('fa4', 0.4975), ('vllm_fa4', 0.5868),
+            ),
+            ('prefill', 'bfloat16', 32, 32, ('causal', 'varlen')): (
+                ('fa4', 0.1524), ('vllm_fa4', 0.1656), ('fa2', 0.1853), ('vllm_fa3', 0.1896),
+            ),
+            ('prefill', 'bfloat16', 64, 64, ()): (
+                ('vllm_fa4', 0.2732), ('fa4', 0.2807), ('sdpa_cudnn', 0.2974), ('flashinfer', 0.3355),
+                ('vllm_fa3', 0.3378), ('fa2', 0.4579), ('sdpa_flash', 0.4674), ('sdpa_efficient', 1.102),
+                ('sdpa_math', 8.227),
+            ),
+            ('prefill', 'bfloat16', 64, 64, ('causal',)): (
+                ('fa4', 0.1808), ('sdpa_cudnn', 0.1811), ('flashinfer', 0.1935), ('vllm_fa3', 0.2073),
+                ('vllm_fa4', 0.2082), ('fa2', 0.2739), ('sdpa_flash', 0.2799), ('sdpa_efficient', 0.6077),
+                ('sdpa_math', 10.09),
+            ),
+            ('prefill', 'bfloat16', 64, 64, ('sliding_window',)): (
+                ('fa4', 0.09388), ('vllm_fa4', 0.09573), ('vllm_fa3', 0.1315), ('fa2', 0.1479), ('flashinfer', 0.1576),
+                ('sdpa_cudnn', 0.66), ('sdpa_efficient', 1.622), ('sdpa_math', 10.73),
+            ),
+            ('prefill', 'bfloat16', 64, 64, ('alibi', 'causal')): (
+                ('fa2', 0.3638), ('sdpa_cudnn', 0.5481), ('flashinfer', 0.7732), ('sdpa_efficient', 1.69),
+                ('sdpa_math', 10.82),
+            ),
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'fp8')): (('vllm_fa3', 0.2027),),
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'gqa')): (
+                ('fa4', 0.1709), ('vllm_fa3', 0.1754), ('sdpa_cudnn', 0.1796), ('vllm_fa4', 0.1846),
+                ('flashinfer', 0.1946), ('sdpa_flash', 0.282), ('fa2', 0.3126), ('sdpa_math', 9.99),
+            ),
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'paged_kv:128')): (
+                ('fa4', 0.1845), ('vllm_fa4', 0.2088), ('vllm_fa3', 0.2123), ('flashinfer', 0.2248),
+            ),
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'paged_kv:16')): (
+                ('fa4', 0.2096), ('vllm_fa3', 0.2227), ('vllm_fa4', 0.233), ('flashinfer', 0.2611),
+            ),
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'paged_kv:256')): (
+                ('fa4', 0.1984), ('vllm_fa3', 0.2109), ('flashinfer', 0.2245), ('vllm_fa4', 0.2252), ('fa2', 0.4483),
+            ),
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.2216),),
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'paged_kv:64')): (
+                ('fa4', 0.207), ('flashinfer', 0.2217), ('vllm_fa4', 0.2249), ('vllm_fa3', 0.2607),
+            ),
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'sinks')): (
+                ('fa4', 0.1928), ('vllm_fa4', 0.199), ('vllm_fa3', 0.211),
+            ),
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.2686), ('flashinfer', 0.2751), ('fa2', 0.3421), ('fa4', 0.5323), ('vllm_fa4', 0.5455),
+            ),
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'varlen')): (
+                ('fa4', 0.2209), ('flashinfer', 0.2242), ('vllm_fa4', 0.2364), ('vllm_fa3', 0.2798), ('fa2', 0.3464),
+            ),
+            ('prefill', 'bfloat16', 80, 80, ()): (
+                ('vllm_fa4', 0.3335), ('fa4', 0.3492), ('vllm_fa3', 0.3638), ('sdpa_cudnn', 0.4055), ('fa2', 0.6185),
+                ('sdpa_flash', 0.662), ('sdpa_efficient', 1.558), ('sdpa_math', 9.799),
+            ),
+            ('prefill', 'bfloat16', 80, 80, ('causal',)): (
+                ('fa4', 0.2324), ('vllm_fa4', 0.2355), ('sdpa_cudnn', 0.2579), ('vllm_fa3', 0.2653), ('fa2', 0.3646),
+                ('sdpa_flash', 0.3924), ('sdpa_efficient', 0.8668), ('sdpa_math', 11.66),
+            ),
+            ('prefill', 'bfloat16', 80, 80, ('sliding_window',)): (
+                ('fa4', 0.1075), ('vllm_fa4', 0.1085), ('vllm_fa3', 0.1319), ('fa2', 0.1557), ('sdpa_cudnn', 0.8083),
+                ('sdpa_efficient', 2.134), ('sdpa_math', 12.31),
+            ),
+            ('prefill', 'bfloat16', 80, 80, ('alibi', 'causal')): (
+                ('fa2', 0.3798), ('sdpa_cudnn', 0.9656), ('sdpa_efficient', 2.139), ('sdpa_math', 12.39),
+            ),
+            ('prefill', 'bfloat16', 80, 80, ('causal', 'fp8')): (('vllm_fa3', 0.2492),),
+            ('prefill', 'bfloat16', 80, 80, ('causal', 'gqa')): (
+                ('fa4', 0.2063), ('vllm_fa3', 0.2149), ('sdpa_cudnn', 0.2589), ('vllm_fa4', 0.2651),
+                ('sdpa_flash', 0.3881), ('fa2', 0.4358), ('sdpa_math', 11.52),
+            ),
+            ('prefill', 'bfloat16', 80, 80, ('causal', 'paged_kv:128')): (
+                ('fa4', 0.2242), ('vllm_fa3', 0.2573), ('vllm_fa4', 0.2721),
+            ),
+            ('prefill', 'bfloat16', 80, 80, ('causal', 'paged_kv:16')): (
+                ('fa4', 0.2487), ('vllm_fa4', 0.2768), ('vllm_fa3', 0.2798),
+            ),
+            ('prefill', 'bfloat16', 80, 80, ('causal', 'paged_kv:256')): (
+                ('fa4', 0.2473), ('vllm_fa4', 0.2632), ('vllm_fa3', 0.2672), ('fa2', 0.4784),
+            ),
+            ('prefill', 'bfloat16', 80, 80, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.294),),
+            ('prefill', 'bfloat16', 80, 80, ('causal', 'paged_kv:64')): (
+                ('fa4', 0.2414), ('vllm_fa4', 0.2648), ('vllm_fa3', 0.2935),
+            ),
+            ('prefill', 'bfloat16', 80, 80, ('causal', 'sinks')): (
+                ('fa4', 0.2176), ('vllm_fa4', 0.2257), ('vllm_fa3', 0.2716),
+            ),
+            ('prefill', 'bfloat16', 80, 80, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.3083), ('fa2', 0.4514), ('fa4', 0.5485), ('vllm_fa4', 0.5681),
+            ),
+            ('prefill', 'bfloat16', 80, 80, ('causal', 'varlen')): (
+                ('fa4', 0.2331), ('vllm_fa4', 0.2369), ('vllm_fa3', 0.2868), ('fa2', 0.3207),
+            ),
+            ('prefill', 'bfloat16', 96, 96, ()): (
+                ('fa4', 0.3828), ('vllm_fa4', 0.4085), ('sdpa_cudnn', 0.4184), ('vllm_fa3', 0.4467), ('fa2', 0.5805),
+                ('sdpa_flash', 0.6073), ('sdpa_efficient', 1.549), ('sdpa_math', 10.21),
+            ),
+            ('prefill', 'bfloat16', 96, 96, ('causal',)): (
+                ('fa4', 0.2265), ('vllm_fa4', 0.2522), ('sdpa_cudnn', 0.2692), ('vllm_fa3', 0.3479), ('fa2', 0.3503),
+                ('sdpa_flash', 0.4167), ('sdpa_efficient', 0.8629), ('sdpa_math', 12.08),
+            ),
+            ('prefill', 'bfloat16', 96, 96, ('sliding_window',)): (
+                ('fa4', 0.1132), ('vllm_fa4', 0.1145), ('vllm_fa3', 0.1291), ('fa2', 0.1573), ('sdpa_cudnn', 0.7949),
+                ('sdpa_efficient', 2.127), ('sdpa_math', 12.72),
+            ),
+            ('prefill', 'bfloat16', 96, 96, ('alibi', 'causal')): (
+                ('fa2', 0.3682), ('sdpa_cudnn', 1.125), ('sdpa_efficient', 2.146), ('sdpa_math', 12.8),
+            ),
+            ('prefill', 'bfloat16', 96, 96, ('causal', 'fp8')): (('vllm_fa3', 0.2252),),
+            ('prefill', 'bfloat16', 96, 96, ('causal', 'gqa')): (
+                ('fa4', 0.2138), ('vllm_fa4', 0.2297), ('sdpa_cudnn', 0.2631), ('fa2', 0.3396), ('vllm_fa3', 0.3568),
+                ('sdpa_flash', 0.3687), ('sdpa_math', 11.93),
+            ),
+            ('prefill', 'bfloat16', 96, 96, ('causal', 'paged_kv:128')): (
+                ('fa4', 0.2317), ('vllm_fa3', 0.2562), ('vllm_fa4', 0.258),
+            ),
+            ('prefill', 'bfloat16', 96, 96, ('causal', 'paged_kv:16')): (
+                ('fa4', 0.2437), ('vllm_fa3', 0.2635), ('vllm_fa4', 0.2809),
+            ),
+            ('prefill', 'bfloat16', 96, 96, ('causal', 'paged_kv:256')): (
+                ('fa4', 0.2461), ('vllm_fa4', 0.2641), ('vllm_fa3', 0.3736), ('fa2', 0.4666),
+            ),
+            ('prefill', 'bfloat16', 96, 96, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.2585),),
+            ('prefill', 'bfloat16', 96, 96, ('causal', 'paged_kv:64')): (
+                ('fa4', 0.2536), ('vllm_fa3', 0.2566), ('vllm_fa4', 0.258),
+            ),
+            ('prefill', 'bfloat16', 96, 96, ('causal', 'sinks')): (
+                ('fa4', 0.2344), ('vllm_fa4', 0.252), ('vllm_fa3', 0.2547),
+            ),
+            ('prefill', 'bfloat16', 96, 96, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.3095), ('fa2', 0.4634), ('fa4', 0.5585), ('vllm_fa4', 0.6533),
+            ),
+            ('prefill', 'bfloat16', 96, 96, ('causal', 'varlen')): (
+                ('fa4', 0.2284), ('vllm_fa3', 0.2425), ('vllm_fa4', 0.2619), ('fa2', 0.2949),
+            ),
+            ('prefill', 'bfloat16', 128, 128, ()): (
+                ('fa4', 0.4151), ('sdpa_cudnn', 0.4178), ('vllm_fa4', 0.4612), ('flashinfer', 0.5426),
+                ('vllm_fa3', 0.6447), ('fa2', 0.7251), ('sdpa_flash', 0.7791), ('sdpa_efficient', 1.893),
+                ('sdpa_math', 11.03),
+            ),
+            ('prefill', 'bfloat16', 128, 128, ('causal',)): (
+                ('fa4', 0.254), ('vllm_fa4', 0.2559), ('sdpa_cudnn', 0.2654), ('vllm_fa3', 0.2726),
+                ('flashinfer', 0.3225), ('fa2', 0.4787), ('sdpa_flash', 0.4818), ('sdpa_efficient', 0.9688),
+                ('sdpa_math', 12.9),
+            ),
+            ('prefill', 'bfloat16', 128, 128, ('sliding_window',)): (
+                ('flashinfer', 0.11), ('fa4', 0.1107), ('vllm_fa4', 0.1153), ('vllm_fa3', 0.1208), ('fa2', 0.2469),
+                ('sdpa_cudnn', 0.8104), ('sdpa_efficient', 2.344), ('sdpa_math', 13.55),
+            ),
+            ('prefill', 'bfloat16', 128, 128, ('alibi', 'causal')): (
+                ('fa2', 0.5826), ('sdpa_cudnn', 0.9262), ('flashinfer', 0.996), ('sdpa_efficient', 2.257),
+                ('sdpa_math', 13.62),
+            ),
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'fp8')): (('vllm_fa3', 0.3855),),
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'gqa')): (
+                ('flashinfer', 0.2559), ('fa4', 0.2603), ('sdpa_cudnn', 0.261), ('vllm_fa3', 0.2753),
+                ('vllm_fa4', 0.2943), ('fa2', 0.4372), ('sdpa_flash', 0.4804), ('sdpa_math', 12.7),
+            ),
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'paged_kv:128')): (
+                ('fa4', 0.2578), ('vllm_fa3', 0.3216), ('vllm_fa4', 0.346), ('flashinfer', 0.3685),
+            ),
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'paged_kv:16')): (
+                ('fa4', 0.2761), ('vllm_fa3', 0.2961), ('vllm_fa4', 0.313), ('flashinfer', 0.3398),
+            ),
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'paged_kv:256')): (
+                ('vllm_fa3', 0.2704), ('fa4', 0.2952), ('flashinfer', 0.324), ('vllm_fa4', 0.3375), ('fa2', 0.5105),
+            ),
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.3184),),
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'paged_kv:64')): (
+                ('vllm_fa3', 0.2836), ('fa4', 0.3081), ('vllm_fa4', 0.3104), ('flashinfer', 0.3292),
+            ),
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'sinks')): (
+                ('fa4', 0.265), ('vllm_fa4', 0.2729), ('vllm_fa3', 0.3085),
+            ),
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.3061), ('fa4', 0.539), ('fa2', 0.5672), ('vllm_fa4', 0.5755),
+            ),
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'varlen')): (
+                ('flashinfer', 0.3098), ('fa4', 0.3207), ('vllm_fa4', 0.3312), ('vllm_fa3', 0.358), ('fa2', 0.4743),
+            ),
+            ('prefill', 'bfloat16', 160, 160, ()): (
+                ('vllm_fa4', 0.555), ('fa4', 0.6055), ('sdpa_cudnn', 0.6077), ('vllm_fa3', 0.6617), ('fa2', 1.409),
+                ('sdpa_flash', 1.471), ('sdpa_efficient', 2.931), ('sdpa_math', 13.84),
+            ),
+            ('prefill', 'bfloat16', 160, 160, ('causal',)): (
+                ('fa4', 0.3312), ('vllm_fa3', 0.3596), ('sdpa_cudnn', 0.3606), ('vllm_fa4', 0.3796), ('fa2', 0.8186),
+                ('sdpa_flash', 0.8691), ('sdpa_efficient', 1.612), ('sdpa_math', 15.7),
+            ),
+            ('prefill', 'bfloat16', 160, 160, ('sliding_window',)): (
+                ('vllm_fa4', 0.1538), ('fa4', 0.1633), ('vllm_fa3', 0.1981), ('fa2', 0.2677), ('sdpa_cudnn', 2.439),
+                ('sdpa_efficient', 3.523), ('sdpa_math', 16.34),
+            ),
+            ('prefill', 'bfloat16', 160, 160, ('alibi', 'causal')): (
+                ('fa2', 0.8389), ('sdpa_cudnn', 2.582), ('sdpa_efficient', 3.535), ('sdpa_math', 16.42),
+            ),
+            ('prefill', 'bfloat16', 160, 160, ('causal', 'fp8')): (('vllm_fa3', 0.6601),),
+            ('prefill', 'bfloat16', 160, 160, ('causal', 'gqa')): (
+                ('fa4', 0.304), ('vllm_fa3', 0.3274), ('vllm_fa4', 0.33), ('sdpa_cudnn', 0.3615),
+                ('sdpa_flash', 0.8752), ('fa2', 0.9142), ('sdpa_math', 15.25),
+            ),
+            ('prefill', 'bfloat16', 160, 160, ('causal', 'paged_kv:128')): (('vllm_fa3', 0.6558),),
+            ('prefill', 'bfloat16', 160, 160, ('causal', 'paged_kv:16')): (('vllm_fa3', 0.4025),),
+            ('prefill', 'bfloat16', 160, 160, ('causal', 'paged_kv:256')): (('vllm_fa3', 0.3744), ('fa2', 0.8487)),
+            ('prefill', 'bfloat16', 160, 160, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.4164),),
+            ('prefill', 'bfloat16', 160, 160, ('causal', 'paged_kv:64')): (('vllm_fa3', 0.3912),),
+            ('prefill', 'bfloat16', 160, 160, ('causal', 'sinks')): (
+                ('fa4', 0.3131), ('vllm_fa3', 0.3995), ('vllm_fa4', 0.4891),
+            ),
+            ('prefill', 'bfloat16', 160, 160, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.451), ('fa4', 0.5892), ('vllm_fa4', 0.5999), ('fa2', 0.8916),
+            ),
+            ('prefill', 'bfloat16', 160, 160, ('causal', 'varlen')): (
+                ('fa4', 0.3743), ('vllm_fa4', 0.3973), ('vllm_fa3', 0.4876), ('fa2', 0.7007),
+            ),
+            ('prefill', 'bfloat16', 192, 192, ()): (
+                ('vllm_fa3', 0.5962), ('vllm_fa4', 0.6014), ('sdpa_cudnn', 0.6157), ('fa4', 0.6372), ('fa2', 1.289),
+                ('sdpa_flash', 1.319), ('sdpa_efficient', 3.132), ('sdpa_math', 15.0),
+            ),
+            ('prefill', 'bfloat16', 192, 192, ('causal',)): (
+                ('vllm_fa4', 0.3663), ('fa4', 0.3745), ('sdpa_cudnn', 0.3922), ('vllm_fa3', 0.3967), ('fa2', 0.7335),
+                ('sdpa_flash', 0.7748), ('sdpa_efficient', 1.892), ('sdpa_math', 16.87),
+            ),
+            ('prefill', 'bfloat16', 192, 192, ('sliding_window',)): (
+                ('fa4', 0.1645), ('vllm_fa4', 0.1705), ('vllm_fa3', 0.1842), ('fa2', 0.2776), ('sdpa_cudnn', 2.444),
+                ('sdpa_efficient', 3.601), ('sdpa_math', 17.51),
+            ),
+            ('prefill', 'bfloat16', 192, 192, ('alibi', 'causal')): (
+                ('fa2', 0.7987), ('sdpa_cudnn', 2.69), ('sdpa_efficient', 3.641), ('sdpa_math', 17.59),
+            ),
+            ('prefill', 'bfloat16', 192, 192, ('causal', 'fp8')): (('vllm_fa3', 0.4345),),
+            ('prefill', 'bfloat16', 192, 192, ('causal', 'gqa')): (
+                ('fa4', 0.3579), ('vllm_fa4', 0.3769), ('sdpa_cudnn', 0.3954), ('vllm_fa3', 0.4049), ('fa2', 0.7404),
+                ('sdpa_flash', 0.791), ('sdpa_math', 16.36),
+            ),
+            ('prefill', 'bfloat16', 192, 192, ('causal', 'paged_kv:128')): (
+                ('fa4', 0.4455), ('vllm_fa3', 0.4595), ('vllm_fa4', 0.4731),
+            ),
+            ('prefill', 'bfloat16', 192, 192, ('causal', 'paged_kv:16')): (
+                ('fa4', 0.3999), ('vllm_fa4', 0.4489), ('vllm_fa3', 0.496),
+            ),
+            ('prefill', 'bfloat16', 192, 192, ('causal', 'paged_kv:256')): (
+                ('fa4', 0.3879), ('vllm_fa3', 0.415), ('vllm_fa4', 0.4484), ('fa2', 0.7359),
+            ),
+            ('prefill', 'bfloat16', 192, 192, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.3856),),
+            ('prefill', 'bfloat16', 192, 192, ('causal', 'paged_kv:64')): (
+                ('vllm_fa3', 0.4003), ('fa4', 0.4062), ('vllm_fa4', 0.4343),
+            ),
+            ('prefill', 'bfloat16', 192, 192, ('causal', 'sinks')): (
+                ('fa4', 0.3813), ('vllm_fa4', 0.4063), ('vllm_fa3', 0.4302),
+            ),
+            ('prefill', 'bfloat16', 192, 192, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.5054), ('fa4', 0.6241), ('vllm_fa4', 0.6294), ('fa2', 0.8281),
+            ),
+            ('prefill', 'bfloat16', 192, 192, ('causal', 'varlen')): (
+                ('fa4', 0.3583), ('vllm_fa4', 0.3871), ('vllm_fa3', 0.4624), ('fa2', 0.5586),
+            ),
+            ('prefill', 'bfloat16', 224, 224, ()): (
+                ('sdpa_cudnn', 0.7784), ('vllm_fa4', 0.7988), ('fa4', 0.8237), ('vllm_fa3', 0.8647),
+                ('sdpa_flash', 2.002), ('fa2', 2.16), ('sdpa_efficient', 3.54), ('sdpa_math', 16.46),
+            ),
+            ('prefill', 'bfloat16', 224, 224, ('causal',)): (
+                ('vllm_fa3', 0.4719), ('fa4', 0.4837), ('vllm_fa4', 0.5721), ('sdpa_cudnn', 0.6003), ('fa2', 1.072),
+                ('sdpa_flash', 1.121), ('sdpa_efficient', 1.961), ('sdpa_math', 18.33),
+            ),
+            ('prefill', 'bfloat16', 224, 224, ('sliding_window',)): (
+                ('fa4', 0.1727), ('vllm_fa4', 0.1804), ('vllm_fa3', 0.2228), ('fa2', 0.317), ('sdpa_cudnn', 2.115),
+                ('sdpa_efficient', 3.896), ('sdpa_math', 18.97),
+            ),
+            ('prefill', 'bfloat16', 224, 224, ('alibi', 'causal')): (
+                ('fa2', 1.28), ('sdpa_cudnn', 2.196), ('sdpa_efficient', 3.966), ('sdpa_math', 19.06),
+            ),
+            ('prefill', 'bfloat16', 224, 224, ('causal', 'fp8')): (('vllm_fa3', 0.9126),),
+            ('prefill', 'bfloat16', 224, 224, ('causal', 'gqa')): (
+                ('fa4', 0.431), ('vllm_fa4', 0.4384), ('vllm_fa3', 0.4548), ('sdpa_cudnn', 0.4578),
+                ('sdpa_flash', 1.116), ('fa2', 1.167), ('sdpa_math', 17.75),
+            ),
+            ('prefill', 'bfloat16', 224, 224, ('causal', 'paged_kv:128')): (('vllm_fa3', 0.5773),),
+            ('prefill', 'bfloat16', 224, 224, ('causal', 'paged_kv:16')): (('vllm_fa3', 0.4818),),
+            ('prefill', 'bfloat16', 224, 224, ('causal', 'paged_kv:256')): (('vllm_fa3', 0.5026), ('fa2', 1.171)),
+            ('prefill', 'bfloat16', 224, 224, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.5555),),
+            ('prefill', 'bfloat16', 224, 224, ('causal', 'paged_kv:64')): (('vllm_fa3', 0.6583),),
+            ('prefill', 'bfloat16', 224, 224, ('causal', 'sinks')): (
+                ('fa4', 0.4189), ('vllm_fa4', 0.4622), ('vllm_fa3', 0.4633),
+            ),
+            ('prefill', 'bfloat16', 224, 224, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.4825), ('fa4', 0.6685), ('vllm_fa4', 0.7327), ('fa2', 1.139),
+            ),
+            ('prefill', 'bfloat16', 224, 224, ('causal', 'varlen')): (
+                ('fa4', 0.4928), ('vllm_fa4', 0.5025), ('vllm_fa3', 0.6776), ('fa2', 0.9895),
+            ),
+            ('prefill', 'bfloat16', 256, 256, ()): (
+                ('sdpa_cudnn', 0.7987), ('vllm_fa4', 0.8226), ('fa4', 0.8243), ('vllm_fa3', 0.8435), ('fa2', 1.703),
+                ('sdpa_flash', 1.772), ('sdpa_efficient', 3.757), ('sdpa_math', 17.24),
+            ),
+            ('prefill', 'bfloat16', 256, 256, ('causal',)): (
+                ('sdpa_cudnn', 0.4632), ('fa4', 0.4744), ('vllm_fa4', 0.5929), ('vllm_fa3', 0.6034), ('fa2', 0.9103),
+                ('sdpa_flash', 0.9476), ('sdpa_efficient', 2.174), ('sdpa_math', 19.1),
+            ),
+            ('prefill', 'bfloat16', 256, 256, ('sliding_window',)): (
+                ('fa4', 0.1864), ('vllm_fa4', 0.2153), ('vllm_fa3', 0.2264), ('fa2', 0.2486), ('sdpa_cudnn', 2.121),
+                ('sdpa_efficient', 3.947), ('sdpa_math', 19.71),
+            ),
+            ('prefill', 'bfloat16', 256, 256, ('alibi', 'causal')): (
+                ('fa2', 1.041), ('sdpa_cudnn', 2.185), ('sdpa_efficient', 4.604), ('sdpa_math', 19.83),
+            ),
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'fp8')): (('vllm_fa3', 0.8679),),
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'gqa')): (
+                ('fa4', 0.4534), ('sdpa_cudnn', 0.4864), ('vllm_fa4', 0.5222), ('vllm_fa3', 0.5573), ('fa2', 0.9051),
+                ('sdpa_flash', 0.9535), ('sdpa_math', 18.63),
+            ),
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'paged_kv:128')): (
+                ('vllm_fa3', 0.5041), ('vllm_fa4', 0.5135), ('fa4', 0.5141),
+            ),
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'paged_kv:16')): (
+                ('vllm_fa3', 0.4866), ('vllm_fa4', 0.5035), ('fa4', 0.5063),
+            ),
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'paged_kv:256')): (
+                ('vllm_fa4', 0.5322), ('fa4', 0.5489), ('vllm_fa3', 0.5642), ('fa2', 1.024),
+            ),
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.4861),),
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'paged_kv:64')): (
+                ('fa4', 0.4771), ('vllm_fa3', 0.4925), ('vllm_fa4', 0.6313),
+            ),
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'sinks')): (
+                ('vllm_fa4', 0.4599), ('fa4', 0.4645), ('vllm_fa3', 0.5129),
+            ),
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.5499), ('fa4', 0.701), ('vllm_fa4', 0.7073), ('fa2', 0.9312),
+            ),
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'varlen')): (
+                ('fa4', 0.5306), ('vllm_fa4', 0.5829), ('vllm_fa3', 0.664), ('fa2', 0.8481),
+            ),
+            ('prefill', 'bfloat16', 512, 512, ()): (
+                ('vllm_fa4', 3.164), ('sdpa_efficient', 8.453), ('sdpa_math', 29.42),
+            ),
+            ('prefill', 'bfloat16', 512, 512, ('causal',)): (
+                ('vllm_fa4', 1.752), ('sdpa_efficient', 4.297), ('sdpa_math', 31.28),
+            ),
+            ('prefill', 'bfloat16', 512, 512, ('sliding_window',)): (
+                ('vllm_fa4', 0.6055), ('sdpa_efficient', 8.676), ('sdpa_math', 31.93),
+            ),
+            ('prefill', 'bfloat16', 512, 512, ('alibi', 'causal')): (('sdpa_efficient', 8.481), ('sdpa_math', 32.01)),
+            ('prefill', 'bfloat16', 512, 512, ('causal', 'fp8')): (('vllm_fa4', 1.91),),
+            ('prefill', 'bfloat16', 512, 512, ('causal', 'gqa')): (('vllm_fa4', 1.746), ('sdpa_math', 30.35)),
+            ('prefill', 'bfloat16', 512, 512, ('causal', 'paged_kv:128')): (('vllm_fa4', 1.968),),
+            ('prefill', 'bfloat16', 512, 512, ('causal', 'paged_kv:16')): (('vllm_fa4', 1.979),),
+            ('prefill', 'bfloat16', 512, 512, ('causal', 'paged_kv:256')): (('vllm_fa4', 5.068),),
+            ('prefill', 'bfloat16', 512, 512, ('causal', 'paged_kv:64')): (('vllm_fa4', 1.766),),
+            ('prefill', 'bfloat16', 512, 512, ('causal', 'sinks')): (('vllm_fa4', 1.758),),
+            ('prefill', 'bfloat16', 512, 512, ('causal', 'softcap')): (('vllm_fa4', 2.019),),
+            ('prefill', 'bfloat16', 512, 512, ('causal', 'varlen')): (('vllm_fa4', 2.062),),
+            ('prefill', 'bfloat16', 192, 128, ()): (
+                ('fa4', 0.4937), ('vllm_fa3', 0.5034), ('sdpa_cudnn', 0.5378), ('vllm_fa4', 0.5432),
+                ('flashinfer', 0.5827), ('sdpa_efficient', 2.41), ('sdpa_math', 12.79),
+            ),
+            ('prefill', 'bfloat16', 192, 128, ('causal',)): (
+                ('vllm_fa3', 0.2885), ('fa4', 0.298), ('flashinfer', 0.3038), ('sdpa_cudnn', 0.3247),
+                ('vllm_fa4', 0.5537), ('sdpa_efficient', 1.251), ('sdpa_math', 14.64),
+            ),
+            ('prefill', 'bfloat16', 192, 128, ('sliding_window',)): (
+                ('flashinfer', 0.1244), ('fa4', 0.1431), ('vllm_fa4', 0.1482), ('vllm_fa3', 0.1584),
+                ('sdpa_cudnn', 0.972), ('sdpa_efficient', 2.794), ('sdpa_math', 15.29),
+            ),
+            ('prefill', 'bfloat16', 192, 128, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 1.051), ('flashinfer', 1.1), ('sdpa_efficient', 2.832), ('sdpa_math', 15.37),
+            ),
+            ('prefill', 'bfloat16', 192, 128, ('causal', 'fp8')): (('vllm_fa3', 0.3403),),
+            ('prefill', 'bfloat16', 192, 128, ('causal', 'gqa')): (
+                ('flashinfer', 0.2876), ('vllm_fa3', 0.2916), ('vllm_fa4', 0.3009), ('fa4', 0.3293),
+                ('sdpa_cudnn', 0.4179), ('sdpa_math', 14.17),
+            ),
+            ('prefill', 'bfloat16', 192, 128, ('causal', 'paged_kv:128')): (
+                ('vllm_fa3', 0.311), ('fa4', 0.3421), ('vllm_fa4', 0.5672),
+            ),
+            ('prefill', 'bfloat16', 192, 128, ('causal', 'paged_kv:16')): (
+                ('fa4', 0.337), ('vllm_fa4', 0.3487), ('vllm_fa3', 0.3835),
+            ),
+            ('prefill', 'bfloat16', 192, 128, ('causal', 'paged_kv:256')): (
+                ('vllm_fa3', 0.2927), ('fa4', 0.3453), ('vllm_fa4', 0.3705),
+            ),
+            ('prefill', 'bfloat16', 192, 128, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.4116),),
+            ('prefill', 'bfloat16', 192, 128, ('causal', 'paged_kv:64')): (
+                ('fa4', 0.3256), ('vllm_fa3', 0.3433), ('vllm_fa4', 0.3904),
+            ),
+            ('prefill', 'bfloat16', 192, 128, ('causal', 'sinks')): (('vllm_fa4', 0.303), ('fa4', 0.3033)),
+            ('prefill', 'bfloat16', 192, 128, ('causal', 'softcap')): (
+                ('flashinfer', 0.3469), ('vllm_fa3', 0.3768), ('fa4', 0.5578), ('vllm_fa4', 0.5759),
+            ),
+            ('prefill', 'bfloat16', 192, 128, ('causal', 'varlen')): (
+                ('flashinfer', 0.3258), ('vllm_fa3', 0.3338), ('vllm_fa4', 0.3345), ('fa4', 0.3571),
+            ),
+            ('prefill', 'float16', 32, 32, ()): (
+                ('fa4', 0.2291), ('sdpa_cudnn', 0.2965), ('fa2', 0.3064), ('vllm_fa3', 0.317), ('sdpa_flash', 0.3674),
+                ('sdpa_efficient', 1.001), ('sdpa_math', 6.804),
+            ),
+            ('prefill', 'float16', 32, 32, ('causal',)): (
+                ('fa4', 0.1478), ('sdpa_cudnn', 0.1802), ('fa2', 0.1827), ('vllm_fa3', 0.204), ('sdpa_flash', 0.2418),
+                ('sdpa_efficient', 0.7083), ('sdpa_math', 8.666),
+            ),
+            ('prefill', 'float16', 32, 32, ('sliding_window',)): (
+                ('fa4', 0.07861), ('fa2', 0.09428), ('vllm_fa3', 0.1267), ('sdpa_cudnn', 0.5941),
+                ('sdpa_efficient', 1.608), ('sdpa_math', 9.314),
+            ),
+            ('prefill', 'float16', 32, 32, ('alibi', 'causal')): (
+                ('fa2', 0.2323), ('sdpa_cudnn', 0.5874), ('sdpa_efficient', 1.509), ('sdpa_math', 9.383),
+            ),
+            ('prefill', 'float16', 32, 32, ('causal', 'gqa')): (
+                ('fa4', 0.1362), ('sdpa_cudnn', 0.1787), ('fa2', 0.1807), ('vllm_fa3', 0.1847), ('sdpa_flash', 0.2025),
+                ('sdpa_math', 8.64),
+            ),
+            ('prefill', 'float16', 32, 32, ('causal', 'paged_kv:128')): (('fa4', 0.1504), ('vllm_fa3', 0.2052)),
+            ('prefill', 'float16', 32, 32, ('causal', 'paged_kv:16')): (('fa4', 0.1599), ('vllm_fa3', 0.218)),
+            ('prefill', 'float16', 32, 32, ('causal', 'paged_kv:256')): (
+                ('fa4', 0.1571), ('vllm_fa3', 0.2068), ('fa2', 0.2467),
+            ),
+            ('prefill', 'float16', 32, 32, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.2179),),
+            ('prefill', 'float16', 32, 32, ('causal', 'paged_kv:64')): (('fa4', 0.1588), ('vllm_fa3', 0.2174)),
+            ('prefill', 'float16', 32, 32, ('causal', 'sinks')): (('fa4', 0.148), ('vllm_fa3', 0.206)),
+            ('prefill', 'float16', 32, 32, ('causal', 'softcap')): (
+                ('fa2', 0.2588), ('vllm_fa3', 0.307), ('fa4', 0.4981),
+            ),
+            ('prefill', 'float16', 32, 32, ('causal', 'varlen')): (
+                ('fa4', 0.1526), ('fa2', 0.184), ('vllm_fa3', 0.1899),
+            ),
+            ('prefill', 'float16', 64, 64, ()): (
+                ('fa4', 0.2919), ('sdpa_cudnn', 0.2943), ('vllm_fa3', 0.3478), ('fa2', 0.4414), ('sdpa_flash', 0.4682),
+                ('sdpa_efficient', 1.348), ('sdpa_math', 8.222),
+            ),
+            ('prefill', 'float16', 64, 64, ('causal',)): (
+                ('sdpa_cudnn', 0.182), ('fa4', 0.1839), ('vllm_fa3', 0.2109), ('fa2', 0.2767), ('sdpa_flash', 0.3208),
+                ('sdpa_efficient', 0.6123), ('sdpa_math', 10.09),
+            ),
+            ('prefill', 'float16', 64, 64, ('sliding_window',)): (
+                ('fa4', 0.09329), ('vllm_fa3', 0.1323), ('fa2', 0.1482), ('sdpa_cudnn', 0.5519),
+                ('sdpa_efficient', 1.543), ('sdpa_math', 10.72),
+            ),
+            ('prefill', 'float16', 64, 64, ('alibi', 'causal')): (
+                ('fa2', 0.3629), ('sdpa_cudnn', 0.6161), ('sdpa_efficient', 1.585), ('sdpa_math', 10.8),
+            ),
+            ('prefill', 'float16', 64, 64, ('causal', 'gqa')): (
+                ('fa4', 0.1751), ('sdpa_cudnn', 0.1806), ('vllm_fa3', 0.1905), ('fa2', 0.2742), ('sdpa_flash', 0.2785),
+                ('sdpa_math', 9.988),
+            ),
+            ('prefill', 'float16', 64, 64, ('causal', 'paged_kv:128')): (('fa4', 0.1921), ('vllm_fa3', 0.2697)),
+            ('prefill', 'float16', 64, 64, ('causal', 'paged_kv:16')): (('fa4', 0.2039), ('vllm_fa3', 0.241)),
+            ('prefill', 'float16', 64, 64, ('causal', 'paged_kv:256')): (
+                ('fa4', 0.1983), ('vllm_fa3', 0.2117), ('fa2', 0.3858),
+            ),
+            ('prefill', 'float16', 64, 64, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.2813),),
+            ('prefill', 'float16', 64, 64, ('causal', 'paged_kv:64')): (('fa4', 0.2049), ('vllm_fa3', 0.3118)),
+            ('prefill', 'float16', 64, 64, ('causal', 'sinks')): (('fa4', 0.1835), ('vllm_fa3', 0.2555)),
+            ('prefill', 'float16', 64, 64, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.3094), ('fa2', 0.3243), ('fa4', 0.5313),
+            ),
+            ('prefill', 'float16', 64, 64, ('causal', 'varlen')): (
+                ('fa4', 0.2239), ('vllm_fa3', 0.2932), ('fa2', 0.3048),
+            ),
+            ('prefill', 'float16', 80, 80, ()): (
+                ('fa4', 0.3555), ('vllm_fa3', 0.3694), ('sdpa_cudnn', 0.4881), ('fa2', 0.612), ('sdpa_flash', 0.6722),
+                ('sdpa_efficient', 1.582), ('sdpa_math', 9.802),
+            ),
+            ('prefill', 'float16', 80, 80, ('causal',)): (
+                ('fa4', 0.222), ('sdpa_cudnn', 0.28), ('vllm_fa3', 0.297), ('fa2', 0.3638), ('sdpa_flash', 0.3947),
+                ('sdpa_efficient', 0.8874), ('sdpa_math', 11.66),
+            ),
+            ('prefill', 'float16', 80, 80, ('sliding_window',)): (
+                ('fa4', 0.1077), ('vllm_fa3', 0.1343), ('fa2', 0.1575), ('sdpa_cudnn', 0.9308),
+                ('sdpa_efficient', 2.112), ('sdpa_math', 12.3),
+            ),
+            ('prefill', 'float16', 80, 80, ('alibi', 'causal')): (
+                ('fa2', 0.4005), ('sdpa_cudnn', 0.9827), ('sdpa_efficient', 2.513), ('sdpa_math', 12.38),
+            ),
+            ('prefill', 'float16', 80, 80, ('causal', 'gqa')): (
+                ('fa4', 0.2078), ('vllm_fa3', 0.2238), ('sdpa_cudnn', 0.3024), ('fa2', 0.3622), ('sdpa_flash', 0.3954),
+                ('sdpa_math', 11.51),
+            ),
+            ('prefill', 'float16', 80, 80, ('causal', 'paged_kv:128')): (('fa4', 0.2256), ('vllm_fa3', 0.2593)),
+            ('prefill', 'float16', 80, 80, ('causal', 'paged_kv:16')): (('vllm_fa3', 0.2606), ('fa4', 0.2748)),
+            ('prefill', 'float16', 80, 80, ('causal', 'paged_kv:256')): (
+                ('fa4', 0.2463), ('vllm_fa3', 0.3136), ('fa2', 0.4799),
+            ),
+            ('prefill', 'float16', 80, 80, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.2893),),
+            ('prefill', 'float16', 80, 80, ('causal', 'paged_kv:64')): (('fa4', 0.2484), ('vllm_fa3', 0.2568)),
+            ('prefill', 'float16', 80, 80, ('causal', 'sinks')): (('fa4', 0.2164), ('vllm_fa3', 0.2811)),
+            ('prefill', 'float16', 80, 80, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.309), ('fa2', 0.4484), ('fa4', 0.5495),
+            ),
+            ('prefill', 'float16', 80, 80, ('causal', 'varlen')): (
+                ('fa4', 0.2269), ('vllm_fa3', 0.2872), ('fa2', 0.3233),
+            ),
+            ('prefill', 'float16', 96, 96, ()): (
+                ('fa4', 0.3762), ('sdpa_cudnn', 0.4142), ('vllm_fa3', 0.5399), ('fa2', 0.5778), ('sdpa_flash', 0.61),
+                ('sdpa_efficient', 1.55), ('sdpa_math', 10.21),
+            ),
+            ('prefill', 'float16', 96, 96, ('causal',)): (
+                ('fa4', 0.2354), ('sdpa_cudnn', 0.2652), ('vllm_fa3', 0.2802), ('fa2', 0.3464), ('sdpa_flash', 0.3678),
+                ('sdpa_efficient', 0.8544), ('sdpa_math', 12.06),
+            ),
+            ('prefill', 'float16', 96, 96, ('sliding_window',)): (
+                ('fa4', 0.1131), ('vllm_fa3', 0.1354), ('fa2', 0.1418), ('sdpa_cudnn', 0.8146),
+                ('sdpa_efficient', 2.12), ('sdpa_math', 12.71),
+            ),
+            ('prefill', 'float16', 96, 96, ('alibi', 'causal')): (
+                ('fa2', 0.3693), ('sdpa_cudnn', 0.9348), ('sdpa_efficient', 2.349), ('sdpa_math', 12.79),
+            ),
+            ('prefill', 'float16', 96, 96, ('causal', 'gqa')): (
+                ('fa4', 0.2174), ('vllm_fa3', 0.2769), ('sdpa_cudnn', 0.3048), ('fa2', 0.3439), ('sdpa_flash', 0.3676),
+                ('sdpa_math', 11.93),
+            ),
+            ('prefill', 'float16', 96, 96, ('causal', 'paged_kv:128')): (('fa4', 0.2316), ('vllm_fa3', 0.2743)),
+            ('prefill', 'float16', 96, 96, ('causal', 'paged_kv:16')): (('vllm_fa3', 0.2621), ('fa4', 0.2737)),
+            ('prefill', 'float16', 96, 96, ('causal', 'paged_kv:256')): (
+                ('vllm_fa3', 0.2623), ('fa4', 0.2761), ('fa2', 0.4355),
+            ),
+            ('prefill', 'float16', 96, 96, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.273),),
+            ('prefill', 'float16', 96, 96, ('causal', 'paged_kv:64')): (('vllm_fa3', 0.2576), ('fa4', 0.2602)),
+            ('prefill', 'float16', 96, 96, ('causal', 'sinks')): (('fa4', 0.2494), ('vllm_fa3', 0.2889)),
+            ('prefill', 'float16', 96, 96, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.3932), ('fa2', 0.4221), ('fa4', 0.5611),
+            ),
+            ('prefill', 'float16', 96, 96, ('causal', 'varlen')): (
+                ('fa4', 0.2305), ('vllm_fa3', 0.2719), ('fa2', 0.2964),
+            ),
+            ('prefill', 'float16', 128, 128, ()): (
+                ('fa4', 0.4328), ('vllm_fa3', 0.442), ('sdpa_cudnn', 0.4503), ('fa2', 0.7684), ('sdpa_flash', 0.8117),
+                ('sdpa_efficient', 1.624), ('sdpa_math', 11.04),
+            ),
+            ('prefill', 'float16', 128, 128, ('causal',)): (
+                ('sdpa_cudnn', 0.2706), ('vllm_fa3', 0.2755), ('fa4', 0.2837), ('fa2', 0.4351), ('sdpa_flash', 0.4817),
+                ('sdpa_efficient', 0.8959), ('sdpa_math', 12.91),
+            ),
+            ('prefill', 'float16', 128, 128, ('sliding_window',)): (
+                ('fa4', 0.1122), ('vllm_fa3', 0.1205), ('fa2', 0.1946), ('sdpa_cudnn', 1.038),
+                ('sdpa_efficient', 2.168), ('sdpa_math', 13.54),
+            ),
+            ('prefill', 'float16', 128, 128, ('alibi', 'causal')): (
+                ('fa2', 0.6117), ('sdpa_cudnn', 0.9177), ('sdpa_efficient', 2.216), ('sdpa_math', 13.61),
+            ),
+            ('prefill', 'float16', 128, 128, ('causal', 'gqa')): (
+                ('sdpa_cudnn', 0.2649), ('fa4', 0.2851), ('vllm_fa3', 0.3479), ('fa2', 0.4389), ('sdpa_flash', 0.5226),
+                ('sdpa_math', 12.71),
+            ),
+            ('prefill', 'float16', 128, 128, ('causal', 'paged_kv:128')): (('fa4', 0.2635), ('vllm_fa3', 0.446)),
+            ('prefill', 'float16', 128, 128, ('causal', 'paged_kv:16')): (('vllm_fa3', 0.2869), ('fa4', 0.3071)),
+            ('prefill', 'float16', 128, 128, ('causal', 'paged_kv:256')): (
+                ('fa4', 0.2824), ('vllm_fa3', 0.2867), ('fa2', 0.4948),
+            ),
+            ('prefill', 'float16', 128, 128, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.3418),),
+            ('prefill', 'float16', 128, 128, ('causal', 'paged_kv:64')): (('fa4', 0.302), ('vllm_fa3', 0.4157)),
+            ('prefill', 'float16', 128, 128, ('causal', 'sinks')): (('fa4', 0.276), ('vllm_fa3', 0.2969)),
+            ('prefill', 'float16', 128, 128, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.3103), ('fa4', 0.5347), ('fa2', 0.5393),
+            ),
+            ('prefill', 'float16', 128, 128, ('causal', 'varlen')): (
+                ('fa4', 0.3249), ('vllm_fa3', 0.3296), ('fa2', 0.4675),
+            ),
+            ('prefill', 'float16', 160, 160, ()): (
+                ('sdpa_cudnn', 0.6173), ('vllm_fa3', 0.6313), ('fa4', 0.6465), ('fa2', 1.398), ('sdpa_flash', 1.496),
+                ('sdpa_efficient', 3.262), ('sdpa_math', 13.84),
+            ),
+            ('prefill', 'float16', 160, 160, ('causal',)): (
+                ('fa4', 0.3444), ('sdpa_cudnn', 0.3746), ('vllm_fa3', 0.3882), ('fa2', 0.7996), ('sdpa_flash', 0.996),
+                ('sdpa_efficient', 1.627), ('sdpa_math', 15.7),
+            ),
+            ('prefill', 'float16', 160, 160, ('sliding_window',)): (
+                ('fa4', 0.1499), ('vllm_fa3', 0.2502), ('fa2', 0.262), ('sdpa_cudnn', 2.411), ('sdpa_efficient', 4.154),
+                ('sdpa_math', 16.34),
+            ),
+            ('prefill', 'float16', 160, 160, ('alibi', 'causal')): (
+                ('fa2', 0.9351), ('sdpa_cudnn', 2.594), ('sdpa_efficient', 3.777), ('sdpa_math', 16.4),
+            ),
+            ('prefill', 'float16', 160, 160, ('causal', 'gqa')): (
+                ('fa4', 0.3191), ('vllm_fa3', 0.3814), ('sdpa_cudnn', 0.4222), ('fa2', 0.798), ('sdpa_flash', 0.8311),
+                ('sdpa_math', 15.25),
+            ),
+            ('prefill', 'float16', 160, 160, ('causal', 'paged_kv:128')): (('vllm_fa3', 0.6332),),
+            ('prefill', 'float16', 160, 160, ('causal', 'paged_kv:16')): (('vllm_fa3', 0.4274),),
+            ('prefill', 'float16', 160, 160, ('causal', 'paged_kv:256')): (('vllm_fa3', 0.4211), ('fa2', 0.8493)),
+            ('prefill', 'float16', 160, 160, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.4057),),
+            ('prefill', 'float16', 160, 160, ('causal', 'paged_kv:64')): (('vllm_fa3', 0.39),),
+            ('prefill', 'float16', 160, 160, ('causal', 'sinks')): (('fa4', 0.3336), ('vllm_fa3', 0.3642)),
+            ('prefill', 'float16', 160, 160, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.4338), ('fa4', 0.6028), ('fa2', 0.9577),
+            ),
+            ('prefill', 'float16', 160, 160, ('causal', 'varlen')): (
+                ('vllm_fa3', 0.3851), ('fa4', 0.433), ('fa2', 0.6954),
+            ),
+            ('prefill', 'float16', 192, 192, ()): (
+                ('fa4', 0.606), ('vllm_fa3', 0.6116), ('sdpa_cudnn', 0.624), ('fa2', 1.276), ('sdpa_flash', 1.319),
+                ('sdpa_efficient', 3.184), ('sdpa_math', 15.0),
+            ),
+            ('prefill', 'float16', 192, 192, ('causal',)): (
+                ('vllm_fa3', 0.3707), ('fa4', 0.4047), ('sdpa_cudnn', 0.4268), ('fa2', 0.7315), ('sdpa_flash', 0.7583),
+                ('sdpa_efficient', 1.706), ('sdpa_math', 16.86),
+            ),
+            ('prefill', 'float16', 192, 192, ('sliding_window',)): (
+                ('fa4', 0.1642), ('vllm_fa3', 0.2043), ('fa2', 0.2652), ('sdpa_cudnn', 2.45), ('sdpa_efficient', 3.598),
+                ('sdpa_math', 17.51),
+            ),
+            ('prefill', 'float16', 192, 192, ('alibi', 'causal')): (
+                ('fa2', 0.7977), ('sdpa_cudnn', 2.592), ('sdpa_efficient', 3.663), ('sdpa_math', 17.58),
+            ),
+            ('prefill', 'float16', 192, 192, ('causal', 'gqa')): (
+                ('vllm_fa3', 0.3701), ('fa4', 0.3835), ('sdpa_cudnn', 0.4119), ('sdpa_flash', 0.7592), ('fa2', 0.7753),
+                ('sdpa_math', 16.35),
+            ),
+            ('prefill', 'float16', 192, 192, ('causal', 'paged_kv:128')): (('fa4', 0.4228), ('vllm_fa3', 0.4348)),
+            ('prefill', 'float16', 192, 192, ('causal', 'paged_kv:16')): (('vllm_fa3', 0.3992), ('fa4', 0.448)),
+            ('prefill', 'float16', 192, 192, ('causal', 'paged_kv:256')): (
+                ('vllm_fa3', 0.3971), ('fa4', 0.4496), ('fa2', 0.7432),
+            ),
+            ('prefill', 'float16', 192, 192, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.5219),),
+            ('prefill', 'float16', 192, 192, ('causal', 'paged_kv:64')): (('fa4', 0.4005), ('vllm_fa3', 0.5263)),
+            ('prefill', 'float16', 192, 192, ('causal', 'sinks')): (('fa4', 0.3763), ('vllm_fa3', 0.4418)),
+            ('prefill', 'float16', 192, 192, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.4072), ('fa4', 0.6302), ('fa2', 0.8265),
+            ),
+            ('prefill', 'float16', 192, 192, ('causal', 'varlen')): (
+                ('fa4', 0.3776), ('vllm_fa3', 0.4547), ('fa2', 0.5704),
+            ),
+            ('prefill', 'float16', 224, 224, ()): (
+                ('fa4', 0.8254), ('vllm_fa3', 0.8362), ('sdpa_cudnn', 0.8781), ('fa2', 1.968), ('sdpa_flash', 2.02),
+                ('sdpa_efficient', 3.55), ('sdpa_math', 16.46),
+            ),
+            ('prefill', 'float16', 224, 224, ('causal',)): (
+                ('fa4', 0.4236), ('vllm_fa3', 0.4687), ('sdpa_cudnn', 0.4922), ('fa2', 1.076), ('sdpa_flash', 1.077),
+                ('sdpa_efficient', 2.07), ('sdpa_math', 18.32),
+            ),
+            ('prefill', 'float16', 224, 224, ('sliding_window',)): (
+                ('fa4', 0.177), ('vllm_fa3', 0.2236), ('fa2', 0.3182), ('sdpa_cudnn', 2.193), ('sdpa_efficient', 3.866),
+                ('sdpa_math', 18.96),
+            ),
+            ('prefill', 'float16', 224, 224, ('alibi', 'causal')): (
+                ('fa2', 1.182), ('sdpa_cudnn', 2.377), ('sdpa_efficient', 3.95), ('sdpa_math', 19.04),
+            ),
+            ('prefill', 'float16', 224, 224, ('causal', 'gqa')): (
+                ('fa4', 0.451), ('sdpa_cudnn', 0.4717), ('vllm_fa3', 0.4727), ('sdpa_flash', 1.073), ('fa2', 1.074),
+                ('sdpa_math', 17.75),
+            ),
+            ('prefill', 'float16', 224, 224, ('causal', 'paged_kv:128')): (('vllm_fa3', 0.6419),),
+            ('prefill', 'float16', 224, 224, ('causal', 'paged_kv:16')): (('vllm_fa3', 0.4936),),
+            ('prefill', 'float16', 224, 224, ('causal', 'paged_kv:256')): (('vllm_fa3', 0.4256, 1, 3), ('fa2', 1.147)),
+            ('prefill', 'float16', 224, 224, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.53),),
+            ('prefill', 'float16', 224, 224, ('causal', 'paged_kv:64')): (('vllm_fa3', 0.5736),),
+            ('prefill', 'float16', 224, 224, ('causal', 'sinks')): (('fa4', 0.4335), ('vllm_fa3', 0.5773)),
+            ('prefill', 'float16', 224, 224, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.4982), ('fa4', 0.6806), ('fa2', 1.142),
+            ),
+            ('prefill', 'float16', 224, 224, ('causal', 'varlen')): (
+                ('vllm_fa3', 0.5251), ('fa4', 0.561), ('fa2', 1.144),
+            ),
+            ('prefill', 'float16', 256, 256, ()): (
+                ('vllm_fa3', 0.8316), ('fa4', 0.839), ('sdpa_cudnn', 0.8514), ('fa2', 1.756), ('sdpa_flash', 1.804),
+                ('sdpa_efficient', 3.7), ('sdpa_math', 17.2),
+            ),
+            ('prefill', 'float16', 256, 256, ('causal',)): (
+                ('fa4', 0.4616), ('vllm_fa3', 0.4908), ('sdpa_cudnn', 0.5184), ('fa2', 0.9136), ('sdpa_flash', 0.9753),
+                ('sdpa_efficient', 2.009), ('sdpa_math', 19.06),
+            ),
+            ('prefill', 'float16', 256, 256, ('sliding_window',)): (
+                ('fa4', 0.1929), ('fa2', 0.2432), ('vllm_fa3', 0.278), ('sdpa_cudnn', 2.208), ('sdpa_efficient', 4.072),
+                ('sdpa_math', 19.71),
+            ),
+            ('prefill', 'float16', 256, 256, ('alibi', 'causal')): (
+                ('fa2', 1.087), ('sdpa_cudnn', 2.52), ('sdpa_efficient', 4.157), ('sdpa_math', 19.78),
+            ),
+            ('prefill', 'float16', 256, 256, ('causal', 'gqa')): (
+                ('fa4', 0.4347), ('sdpa_cudnn', 0.4673), ('vllm_fa3', 0.6081), ('fa2', 0.9028), ('sdpa_flash', 0.967),
+                ('sdpa_math', 18.63),
+            ),
+            ('prefill', 'float16', 256, 256, ('causal', 'paged_kv:128')): (('fa4', 0.5339), ('vllm_fa3', 0.5433)),
+            ('prefill', 'float16', 256, 256, ('causal', 'paged_kv:16')): (('fa4', 0.5224), ('vllm_fa3', 0.544)),
+            ('prefill', 'float16', 256, 256, ('causal', 'paged_kv:256')): (
+                ('fa4', 0.5046), ('vllm_fa3', 0.5226), ('fa2', 0.938),
+            ),
+            ('prefill', 'float16', 256, 256, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.5809),),
+            ('prefill', 'float16', 256, 256, ('causal', 'paged_kv:64')): (('fa4', 0.551), ('vllm_fa3', 0.667)),
+            ('prefill', 'float16', 256, 256, ('causal', 'sinks')): (('fa4', 0.4558), ('vllm_fa3', 0.7028)),
+            ('prefill', 'float16', 256, 256, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.5391), ('fa4', 0.7143), ('fa2', 0.9493),
+            ),
+            ('prefill', 'float16', 256, 256, ('causal', 'varlen')): (
+                ('fa4', 0.547), ('vllm_fa3', 0.5477), ('fa2', 0.8424),
+            ),
+            ('prefill', 'float16', 512, 512, ()): (('sdpa_efficient', 8.536), ('sdpa_math', 29.41)),
+            ('prefill', 'float16', 512, 512, ('causal',)): (('sdpa_efficient', 4.543), ('sdpa_math', 31.28)),
+            ('prefill', 'float16', 512, 512, ('sliding_window',)): (('sdpa_efficient', 8.487), ('sdpa_math', 31.92)),
+            ('prefill', 'float16', 512, 512, ('alibi', 'causal')): (('sdpa_efficient', 8.484), ('sdpa_math', 32.0)),
+            ('prefill', 'float16', 512, 512, ('causal', 'gqa')): (('sdpa_math', 30.34),),
+            ('prefill', 'float16', 192, 128, ()): (
+                ('vllm_fa3', 0.5124), ('sdpa_cudnn', 0.5499), ('fa4', 0.5511), ('sdpa_efficient', 2.64),
+                ('sdpa_math', 12.78),
+            ),
+            ('prefill', 'float16', 192, 128, ('causal',)): (
+                ('vllm_fa3', 0.2974), ('fa4', 0.3328), ('sdpa_cudnn', 0.3392), ('sdpa_efficient', 1.354),
+                ('sdpa_math', 14.64),
+            ),
+            ('prefill', 'float16', 192, 128, ('sliding_window',)): (
+                ('fa4', 0.1601), ('vllm_fa3', 0.1996), ('sdpa_cudnn', 1.045), ('sdpa_efficient', 2.791),
+                ('sdpa_math', 15.28),
+            ),
+            ('prefill', 'float16', 192, 128, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 1.045), ('sdpa_efficient', 2.85), ('sdpa_math', 15.35),
+            ),
+            ('prefill', 'float16', 192, 128, ('causal', 'gqa')): (
+                ('fa4', 0.3093), ('sdpa_cudnn', 0.3311), ('vllm_fa3', 0.3315), ('sdpa_math', 14.17),
+            ),
+            ('prefill', 'float16', 192, 128, ('causal', 'paged_kv:128')): (('fa4', 0.351), ('vllm_fa3', 0.3694)),
+            ('prefill', 'float16', 192, 128, ('causal', 'paged_kv:16')): (('fa4', 0.3623), ('vllm_fa3', 0.3824)),
+            ('prefill', 'float16', 192, 128, ('causal', 'paged_kv:256')): (('vllm_fa3', 0.3022), ('fa4', 0.3552)),
+            ('prefill', 'float16', 192, 128, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.3497),),
+            ('prefill', 'float16', 192, 128, ('causal', 'paged_kv:64')): (('vllm_fa3', 0.3467), ('fa4', 0.3839)),
+            ('prefill', 'float16', 192, 128, ('causal', 'sinks')): (('fa4', 0.2988),),
+            ('prefill', 'float16', 192, 128, ('causal', 'softcap')): (('vllm_fa3', 0.3931), ('fa4', 0.5694)),
+            ('prefill', 'float16', 192, 128, ('causal', 'varlen')): (('vllm_fa3', 0.3342), ('fa4', 0.3462)),
+            ('decode', 'bfloat16', 32, 32, ()): (
+                ('sdpa_cudnn', 0.326), ('trtllm_decode', 0.4618), ('fa4', 0.6093), ('vllm_fa4', 0.69), ('fa2', 0.6905),
+                ('sdpa_flash', 0.722), ('vllm_fa3', 0.9852), ('sdpa_efficient', 1.159), ('sdpa_math', 5.661),
+            ),
+            ('decode', 'bfloat16', 32, 32, ('causal',)): (
+                ('sdpa_cudnn', 0.3236), ('trtllm_decode', 0.4817), ('fa4', 0.6181), ('vllm_fa4', 0.7283),
+                ('fa2', 0.763), ('sdpa_flash', 0.7972), ('vllm_fa3', 0.9455), ('sdpa_efficient', 1.005),
+                ('sdpa_math', 5.725),
+            ),
+            ('decode', 'bfloat16', 32, 32, ('sliding_window',)): (
+                ('fa2', 0.1001), ('trtllm_decode', 0.107), ('fa4', 0.1084), ('vllm_fa4', 0.1138), ('vllm_fa3', 0.1699),
+                ('sdpa_cudnn', 0.404), ('sdpa_efficient', 1.278), ('sdpa_math', 5.458),
+            ),
+            ('decode', 'bfloat16', 32, 32, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 0.3744), ('fa2', 0.6881), ('sdpa_efficient', 1.273), ('sdpa_math', 5.701),
+            ),
+            ('decode', 'bfloat16', 32, 32, ('causal', 'fp8')): (('vllm_fa3', 0.8143),),
+            ('decode', 'bfloat16', 32, 32, ('causal', 'gqa')): (
+                ('sdpa_cudnn', 0.08536), ('trtllm_decode', 0.1199), ('fa4', 0.1548), ('fa2', 0.1617),
+                ('vllm_fa4', 0.1816), ('sdpa_flash', 0.1833), ('vllm_fa3', 0.2116), ('sdpa_math', 3.688),
+            ),
+            ('decode', 'bfloat16', 32, 32, ('causal', 'paged_kv:128')): (
+                ('trtllm_decode', 0.4178), ('fa4', 0.6194), ('vllm_fa4', 0.7485), ('vllm_fa3', 0.909),
+            ),
+            ('decode', 'bfloat16', 32, 32, ('causal', 'paged_kv:16')): (
+                ('trtllm_decode', 0.466), ('fa4', 0.738), ('vllm_fa4', 0.8488), ('vllm_fa3', 1.092),
+            ),
+            ('decode', 'bfloat16', 32, 32, ('causal', 'paged_kv:256')): (
+                ('fa2', 0.4073), ('fa4', 0.6661), ('vllm_fa4', 0.799), ('vllm_fa3', 1.061),
+            ),
+            ('decode', 'bfloat16', 32, 32, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.9151),),
+            ('decode', 'bfloat16', 32, 32, ('causal', 'paged_kv:64')): (
+                ('trtllm_decode', 0.4865), ('fa4', 0.6843), ('vllm_fa4', 0.8153), ('vllm_fa3', 1.064),
+            ),
+            ('decode', 'bfloat16', 32, 32, ('causal', 'sinks')): (
+                ('trtllm_decode', 0.4788), ('fa4', 0.612), ('vllm_fa4', 0.7097), ('vllm_fa3', 0.9507),
+            ),
+            ('decode', 'bfloat16', 32, 32, ('causal', 'softcap')): (
+                ('fa2', 0.8981), ('vllm_fa3', 1.209), ('fa4', 6.285), ('vllm_fa4', 6.509),
+            ),
+            ('decode', 'bfloat16', 32, 32, ('causal', 'varlen')): (
+                ('trtllm_decode', 0.3895), ('fa4', 0.518), ('fa2', 0.5803), ('vllm_fa4', 0.593), ('vllm_fa3', 0.6443),
+            ),
+            ('decode', 'bfloat16', 64, 64, ()): (
+                ('sdpa_cudnn', 0.4849), ('flashinfer', 0.5202), ('vllm_fa3', 0.5565), ('trtllm_decode', 0.5682),
+                ('vllm_fa4', 0.7246), ('fa4', 0.7257), ('sdpa_flash', 0.9728), ('fa2', 0.9997),
+                ('sdpa_efficient', 1.092), ('sdpa_math', 10.8),
+            ),
+            ('decode', 'bfloat16', 64, 64, ('causal',)): (
+                ('sdpa_cudnn', 0.4896), ('vllm_fa3', 0.4974), ('flashinfer', 0.521), ('trtllm_decode', 0.59),
+                ('fa4', 0.7303), ('vllm_fa4', 0.8671), ('fa2', 0.9263), ('sdpa_flash', 0.9357),
+                ('sdpa_efficient', 1.103), ('sdpa_math', 10.81),
+            ),
+            ('decode', 'bfloat16', 64, 64, ('sliding_window',)): (
+                ('trtllm_decode', 0.1077), ('fa4', 0.1221), ('vllm_fa4', 0.1237), ('vllm_fa3', 0.1331), ('fa2', 0.1741),
+                ('sdpa_cudnn', 0.4845), ('flashinfer', 0.5933), ('sdpa_efficient', 1.332), ('sdpa_math', 10.85),
+            ),
+            ('decode', 'bfloat16', 64, 64, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 0.494), ('flashinfer', 0.5209), ('fa2', 1.083), ('sdpa_efficient', 1.37),
+                ('sdpa_math', 10.85),
+            ),
+            ('decode', 'bfloat16', 64, 64, ('causal', 'fp8')): (('flashinfer', 0.4325), ('vllm_fa3', 0.4386)),
+            ('decode', 'bfloat16', 64, 64, ('causal', 'gqa')): (
+                ('sdpa_cudnn', 0.1286), ('vllm_fa3', 0.1335), ('trtllm_decode', 0.1521), ('fa4', 0.1862),
+                ('flashinfer', 0.2025), ('vllm_fa4', 0.2195), ('fa2', 0.2266), ('sdpa_flash', 0.2288),
+                ('sdpa_math', 7.904),
+            ),
+            ('decode', 'bfloat16', 64, 64, ('causal', 'paged_kv:128')): (
+                ('trtllm_decode', 0.4949), ('vllm_fa3', 0.5136), ('flashinfer', 0.5173), ('fa4', 0.8166),
+                ('vllm_fa4', 0.8871),
+            ),
+            ('decode', 'bfloat16', 64, 64, ('causal', 'paged_kv:16')): (
+                ('flashinfer', 0.5186), ('vllm_fa3', 0.5279), ('trtllm_decode', 0.6089), ('fa4', 0.8963),
+                ('vllm_fa4', 1.007),
+            ),
+            ('decode', 'bfloat16', 64, 64, ('causal', 'paged_kv:256')): (
+                ('vllm_fa3', 0.5062), ('fa2', 0.5508), ('flashinfer', 0.5575), ('fa4', 0.8237), ('vllm_fa4', 0.9724),
+            ),
+            ('decode', 'bfloat16', 64, 64, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.52),),
+            ('decode', 'bfloat16', 64, 64, ('causal', 'paged_kv:64')): (
+                ('trtllm_decode', 0.4958), ('vllm_fa3', 0.5117), ('flashinfer', 0.5174), ('fa4', 0.8465),
+                ('vllm_fa4', 0.9888),
+            ),
+            ('decode', 'bfloat16', 64, 64, ('causal', 'sinks')): (
+                ('vllm_fa3', 0.4992), ('trtllm_decode', 0.6203), ('fa4', 0.7962), ('vllm_fa4', 0.8547),
+            ),
+            ('decode', 'bfloat16', 64, 64, ('causal', 'softcap')): (
+                ('flashinfer', 0.5197), ('vllm_fa3', 0.534), ('fa2', 1.061), ('fa4', 6.39), ('vllm_fa4', 6.697),
+            ),
+            ('decode', 'bfloat16', 64, 64, ('causal', 'varlen')): (
+                ('flashinfer', 0.4062), ('vllm_fa3', 0.4385), ('fa4', 0.5957), ('vllm_fa4', 0.6905), ('fa2', 0.8265),
+                ('trtllm_decode', 0.9314, 1, 3),
+            ),
+            ('decode', 'bfloat16', 80, 80, ()): (
+                ('sdpa_cudnn', 0.7257), ('fa4', 0.8859), ('trtllm_decode', 0.8905), ('vllm_fa4', 0.9257),
+                ('vllm_fa3', 1.083), ('fa2', 1.376), ('sdpa_flash', 1.451), ('sdpa_efficient', 1.641),
+                ('sdpa_math', 13.51),
+            ),
+            ('decode', 'bfloat16', 80, 80, ('causal',)): (
+                ('sdpa_cudnn', 0.6881), ('trtllm_decode', 0.821), ('fa4', 0.9068), ('vllm_fa4', 1.053),
+                ('vllm_fa3', 1.055), ('fa2', 1.365), ('sdpa_flash', 1.453), ('sdpa_efficient', 1.552),
+                ('sdpa_math', 13.51),
+            ),
+            ('decode', 'bfloat16', 80, 80, ('sliding_window',)): (
+                ('fa4', 0.1469), ('trtllm_decode', 0.1476), ('vllm_fa3', 0.1617), ('fa2', 0.1804), ('vllm_fa4', 0.1977),
+                ('sdpa_cudnn', 0.7), ('sdpa_efficient', 1.816), ('sdpa_math', 13.55),
+            ),
+            ('decode', 'bfloat16', 80, 80, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 0.7068), ('fa2', 1.341), ('sdpa_efficient', 1.876), ('sdpa_math', 13.55),
+            ),
+            ('decode', 'bfloat16', 80, 80, ('causal', 'fp8')): (('vllm_fa3', 0.8514),),
+            ('decode', 'bfloat16', 80, 80, ('causal', 'gqa')): (
+                ('sdpa_cudnn', 0.1819), ('trtllm_decode', 0.2219), ('fa4', 0.2258), ('vllm_fa4', 0.2703),
+                ('vllm_fa3', 0.2839), ('fa2', 0.3199), ('sdpa_flash', 0.3685), ('sdpa_math', 8.258),
+            ),
+            ('decode', 'bfloat16', 80, 80, ('causal', 'paged_kv:128')): (
+                ('trtllm_decode', 0.7927), ('fa4', 1.04), ('vllm_fa4', 1.085), ('vllm_fa3', 1.146),
+            ),
+            ('decode', 'bfloat16', 80, 80, ('causal', 'paged_kv:16')): (
+                ('trtllm_decode', 0.9149), ('fa4', 1.095), ('vllm_fa4', 1.161), ('vllm_fa3', 1.22),
+            ),
+            ('decode', 'bfloat16', 80, 80, ('causal', 'paged_kv:256')): (
+                ('fa2', 0.9232), ('fa4', 0.9888), ('vllm_fa4', 1.206), ('vllm_fa3', 1.227),
+            ),
+            ('decode', 'bfloat16', 80, 80, ('causal', 'paged_kv:32')): (('vllm_fa3', 1.225),),
+            ('decode', 'bfloat16', 80, 80, ('causal', 'paged_kv:64')): (
+                ('trtllm_decode', 0.7311), ('fa4', 1.035), ('vllm_fa4', 1.176), ('vllm_fa3', 1.224),
+            ),
+            ('decode', 'bfloat16', 80, 80, ('causal', 'sinks')): (
+                ('trtllm_decode', 0.9118), ('fa4', 0.9361), ('vllm_fa4', 1.028), ('vllm_fa3', 1.14),
+            ),
+            ('decode', 'bfloat16', 80, 80, ('causal', 'softcap')): (
+                ('vllm_fa3', 1.284), ('fa2', 1.717), ('fa4', 6.297), ('vllm_fa4', 6.44),
+            ),
+            ('decode', 'bfloat16', 80, 80, ('causal', 'varlen')): (
+                ('trtllm_decode', 0.6887), ('fa4', 0.7638), ('vllm_fa4', 0.8448), ('vllm_fa3', 0.8653), ('fa2', 1.111),
+            ),
+            ('decode', 'bfloat16', 96, 96, ()): (
+                ('sdpa_cudnn', 0.7779), ('trtllm_decode', 0.9418), ('fa4', 0.9449), ('vllm_fa4', 0.9681),
+                ('vllm_fa3', 1.017), ('sdpa_flash', 1.344), ('fa2', 1.374), ('sdpa_efficient', 1.534),
+                ('sdpa_math', 16.01),
+            ),
+            ('decode', 'bfloat16', 96, 96, ('causal',)): (
+                ('sdpa_cudnn', 0.8081), ('fa4', 0.9342), ('trtllm_decode', 0.9419), ('vllm_fa3', 1.047),
+                ('vllm_fa4', 1.133), ('fa2', 1.347), ('sdpa_flash', 1.439), ('sdpa_efficient', 1.56),
+                ('sdpa_math', 16.02),
+            ),
+            ('decode', 'bfloat16', 96, 96, ('sliding_window',)): (
+                ('fa2', 0.1354), ('fa4', 0.1464), ('vllm_fa4', 0.1478), ('trtllm_decode', 0.1509), ('vllm_fa3', 0.1728),
+                ('sdpa_cudnn', 0.8165), ('sdpa_efficient', 1.832), ('sdpa_math', 16.05),
+            ),
+            ('decode', 'bfloat16', 96, 96, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 0.8224), ('fa2', 1.394), ('sdpa_efficient', 1.855), ('sdpa_math', 16.08),
+            ),
+            ('decode', 'bfloat16', 96, 96, ('causal', 'fp8')): (('vllm_fa3', 0.7508),),
+            ('decode', 'bfloat16', 96, 96, ('causal', 'gqa')): (
+                ('sdpa_cudnn', 0.2052), ('fa4', 0.2371), ('trtllm_decode', 0.2442), ('vllm_fa3', 0.2452),
+                ('vllm_fa4', 0.2736), ('sdpa_flash', 0.3231), ('fa2', 0.3376), ('sdpa_math', 10.02),
+            ),
+            ('decode', 'bfloat16', 96, 96, ('causal', 'paged_kv:128')): (
+                ('trtllm_decode', 0.8619), ('fa4', 0.9435), ('vllm_fa4', 1.14), ('vllm_fa3', 1.24),
+            ),
+            ('decode', 'bfloat16', 96, 96, ('causal', 'paged_kv:16')): (
+                ('trtllm_decode', 0.9365), ('fa4', 1.09), ('vllm_fa3', 1.197), ('vllm_fa4', 1.197),
+            ),
+            ('decode', 'bfloat16', 96, 96, ('causal', 'paged_kv:256')): (
+                ('fa2', 0.896), ('fa4', 1.103), ('vllm_fa3', 1.14), ('vllm_fa4', 1.15),
+            ),
+            ('decode', 'bfloat16', 96, 96, ('causal', 'paged_kv:32')): (('vllm_fa3', 1.083),),
+            ('decode', 'bfloat16', 96, 96, ('causal', 'paged_kv:64')): (
+                ('trtllm_decode', 0.8815), ('fa4', 1.056), ('vllm_fa3', 1.178), ('vllm_fa4', 1.576),
+            ),
+            ('decode', 'bfloat16', 96, 96, ('causal', 'sinks')): (
+                ('trtllm_decode', 0.9408), ('fa4', 1.025), ('vllm_fa3', 1.081), ('vllm_fa4', 1.116),
+            ),
+            ('decode', 'bfloat16', 96, 96, ('causal', 'softcap')): (
+                ('fa2', 1.482), ('vllm_fa3', 1.545), ('fa4', 6.302), ('vllm_fa4', 6.526),
+            ),
+            ('decode', 'bfloat16', 96, 96, ('causal', 'varlen')): (
+                ('trtllm_decode', 0.7758), ('vllm_fa3', 0.8329), ('vllm_fa4', 0.8973), ('fa4', 0.9136), ('fa2', 1.067),
+            ),
+            ('decode', 'bfloat16', 128, 128, ()): (
+                ('sdpa_cudnn', 0.9618), ('vllm_fa3', 0.9658), ('flashinfer', 0.9992), ('vllm_fa4', 0.9994),
+                ('fa4', 1.019), ('trtllm_decode', 1.138), ('sdpa_efficient', 1.632), ('sdpa_flash', 1.733),
+                ('fa2', 1.823), ('sdpa_math', 21.05),
+            ),
+            ('decode', 'bfloat16', 128, 128, ('causal',)): (
+                ('vllm_fa4', 0.9624), ('vllm_fa3', 0.9679), ('flashinfer', 0.9693), ('fa4', 0.9728),
+                ('sdpa_cudnn', 1.029), ('trtllm_decode', 1.136), ('sdpa_efficient', 1.637), ('fa2', 1.683),
+                ('sdpa_flash', 1.747), ('sdpa_math', 21.07),
+            ),
+            ('decode', 'bfloat16', 128, 128, ('sliding_window',)): (
+                ('fa4', 0.1237), ('vllm_fa4', 0.1243), ('vllm_fa3', 0.136), ('trtllm_decode', 0.1538), ('fa2', 0.1667),
+                ('flashinfer', 0.9721), ('sdpa_cudnn', 0.9735), ('sdpa_efficient', 1.922), ('sdpa_math', 21.12),
+            ),
+            ('decode', 'bfloat16', 128, 128, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 0.9699), ('flashinfer', 1.048), ('fa2', 1.746), ('sdpa_efficient', 2.019),
+                ('sdpa_math', 21.11),
+            ),
+            ('decode', 'bfloat16', 128, 128, ('causal', 'fp8')): (('flashinfer', 0.5925), ('vllm_fa3', 0.6572)),
+            ('decode', 'bfloat16', 128, 128, ('causal', 'gqa')): (
+                ('vllm_fa4', 0.2416), ('sdpa_cudnn', 0.2462), ('vllm_fa3', 0.2568), ('fa4', 0.2662),
+                ('trtllm_decode', 0.2947), ('flashinfer', 0.3775), ('fa2', 0.3776), ('sdpa_flash', 0.3902),
+                ('sdpa_math', 13.22),
+            ),
+            ('decode', 'bfloat16', 128, 128, ('causal', 'paged_kv:128')): (
+                ('vllm_fa3', 0.9409), ('flashinfer', 0.9663), ('fa4', 0.9705), ('trtllm_decode', 0.9813),
+                ('vllm_fa4', 0.9916),
+            ),
+            ('decode', 'bfloat16', 128, 128, ('causal', 'paged_kv:16')): (
+                ('flashinfer', 0.9726), ('vllm_fa3', 0.9929), ('trtllm_decode', 1.107), ('fa4', 1.12),
+                ('vllm_fa4', 1.18),
+            ),
+            ('decode', 'bfloat16', 128, 128, ('causal', 'paged_kv:256')): (
+                ('vllm_fa3', 0.9833), ('fa4', 0.9859), ('flashinfer', 1.006), ('fa2', 1.101), ('vllm_fa4', 1.125),
+            ),
+            ('decode', 'bfloat16', 128, 128, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.9753),),
+            ('decode', 'bfloat16', 128, 128, ('causal', 'paged_kv:64')): (
+                ('flashinfer', 0.9711), ('trtllm_decode', 0.98), ('fa4', 0.9903), ('vllm_fa3', 1.066),
+                ('vllm_fa4', 1.146),
+            ),
+            ('decode', 'bfloat16', 128, 128, ('causal', 'sinks')): (
+                ('fa4', 0.9601), ('vllm_fa3', 0.9639), ('vllm_fa4', 0.9894), ('trtllm_decode', 1.141),
+            ),
+            ('decode', 'bfloat16', 128, 128, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.9699), ('flashinfer', 0.9726), ('fa2', 2.022), ('fa4', 5.948), ('vllm_fa4', 6.176),
+            ),
+            ('decode', 'bfloat16', 128, 128, ('causal', 'varlen')): (
+                ('fa4', 0.7621), ('vllm_fa3', 0.7778), ('vllm_fa4', 0.905), ('flashinfer', 0.9109),
+                ('trtllm_decode', 0.911), ('fa2', 1.341),
+            ),
+            ('decode', 'bfloat16', 160, 160, ()): (
+                ('vllm_fa4', 1.225), ('fa4', 1.291), ('vllm_fa3', 1.461), ('sdpa_efficient', 1.512),
+                ('sdpa_cudnn', 2.285), ('fa2', 2.857), ('sdpa_flash', 3.012), ('sdpa_math', 27.05, 2, 3),
+            ),
+            ('decode', 'bfloat16', 160, 160, ('causal',)): (
+                ('fa4', 1.234), ('vllm_fa3', 1.365), ('vllm_fa4', 1.386), ('sdpa_efficient', 1.67),
+                ('sdpa_cudnn', 2.272), ('fa2', 2.808), ('sdpa_flash', 3.015), ('sdpa_math', 27.63, 2, 3),
+            ),
+            ('decode', 'bfloat16', 160, 160, ('sliding_window',)): (
+                ('fa4', 0.1502), ('vllm_fa4', 0.1502), ('vllm_fa3', 0.1527), ('fa2', 0.2674), ('sdpa_efficient', 1.609),
+                ('sdpa_cudnn', 2.366), ('sdpa_math', 6.848, 1, 3),
+            ),
+            ('decode', 'bfloat16', 160, 160, ('alibi', 'causal')): (
+                ('sdpa_efficient', 1.687), ('sdpa_cudnn', 2.359), ('fa2', 2.791), ('sdpa_math', 26.74, 2, 3),
+            ),
+            ('decode', 'bfloat16', 160, 160, ('causal', 'fp8')): (('vllm_fa3', 1.867),),
+            ('decode', 'bfloat16', 160, 160, ('causal', 'gqa')): (
+                ('fa4', 0.3164), ('vllm_fa4', 0.317), ('vllm_fa3', 0.3778), ('sdpa_cudnn', 0.5783), ('fa2', 0.7096),
+                ('sdpa_flash', 0.728), ('sdpa_math', 16.86),
+            ),
+            ('decode', 'bfloat16', 160, 160, ('causal', 'paged_kv:128')): (('vllm_fa3', 1.483),),
+            ('decode', 'bfloat16', 160, 160, ('causal', 'paged_kv:16')): (('vllm_fa3', 1.599),),
+            ('decode', 'bfloat16', 160, 160, ('causal', 'paged_kv:256')): (('vllm_fa3', 1.437), ('fa2', 1.853)),
+            ('decode', 'bfloat16', 160, 160, ('causal', 'paged_kv:32')): (('vllm_fa3', 1.584),),
+            ('decode', 'bfloat16', 160, 160, ('causal', 'paged_kv:64')): (('vllm_fa3', 1.494),),
+            ('decode', 'bfloat16', 160, 160, ('causal', 'sinks')): (
+                ('fa4', 1.221), ('vllm_fa4', 1.235), ('vllm_fa3', 1.386),
+            ),
+            ('decode', 'bfloat16', 160, 160, ('causal', 'softcap')): (
+                ('vllm_fa3', 1.508), ('fa2', 3.067), ('fa4', 6.249), ('vllm_fa4', 6.326),
+            ),
+            ('decode', 'bfloat16', 160, 160, ('causal', 'varlen')): (
+                ('vllm_fa4', 0.9641), ('fa4', 0.9668), ('vllm_fa3', 1.125), ('fa2', 2.309),
+            ),
+            ('decode', 'bfloat16', 192, 192, ()): (
+                ('fa4', 1.434), ('vllm_fa3', 1.445), ('vllm_fa4', 1.505), ('sdpa_efficient', 1.725),
+                ('trtllm_decode', 2.247), ('sdpa_cudnn', 2.266), ('fa2', 2.646), ('sdpa_flash', 2.893),
+                ('sdpa_math', 31.65, 2, 3),
+            ),
+            ('decode', 'bfloat16', 192, 192, ('causal',)): (
+                ('vllm_fa4', 1.428), ('fa4', 1.455), ('vllm_fa3', 1.555), ('sdpa_efficient', 1.756),
+                ('trtllm_decode', 2.009), ('sdpa_cudnn', 2.295), ('fa2', 2.772), ('sdpa_flash', 2.94),
+                ('sdpa_math', 32.26),
+            ),
+            ('decode', 'bfloat16', 192, 192, ('sliding_window',)): (
+                ('fa4', 0.1644), ('vllm_fa4', 0.1679), ('vllm_fa3', 0.1902), ('fa2', 0.2497), ('trtllm_decode', 0.4097),
+                ('sdpa_efficient', 1.748), ('sdpa_cudnn', 2.329), ('sdpa_math', 31.7, 1, 3),
+            ),
+            ('decode', 'bfloat16', 192, 192, ('alibi', 'causal')): (
+                ('sdpa_efficient', 1.782), ('sdpa_cudnn', 2.352), ('fa2', 2.85), ('sdpa_math', 32.32),
+            ),
+            ('decode', 'bfloat16', 192, 192, ('causal', 'fp8')): (('vllm_fa3', 1.726),),
+            ('decode', 'bfloat16', 192, 192, ('causal', 'gqa')): (
+                ('vllm_fa4', 0.3681), ('fa4', 0.3708), ('vllm_fa3', 0.414), ('trtllm_decode', 0.5682),
+                ('sdpa_cudnn', 0.5771), ('fa2', 0.6315), ('sdpa_flash', 0.6519), ('sdpa_math', 18.32),
+            ),
+            ('decode', 'bfloat16', 192, 192, ('causal', 'paged_kv:128')): (
+                ('vllm_fa3', 1.465, 1, 3), ('fa4', 1.577), ('vllm_fa4', 1.583), ('trtllm_decode', 1.673),
+            ),
+            ('decode', 'bfloat16', 192, 192, ('causal', 'paged_kv:16')): (
+                ('vllm_fa3', 1.615), ('fa4', 1.62), ('trtllm_decode', 1.973), ('vllm_fa4', 2.095),
+            ),
+            ('decode', 'bfloat16', 192, 192, ('causal', 'paged_kv:256')): (
+                ('fa4', 1.491), ('vllm_fa4', 1.498), ('vllm_fa3', 1.514), ('fa2', 1.73),
+            ),
+            ('decode', 'bfloat16', 192, 192, ('causal', 'paged_kv:32')): (('vllm_fa3', 1.51),),
+            ('decode', 'bfloat16', 192, 192, ('causal', 'paged_kv:64')): (
+                ('vllm_fa3', 1.573), ('vllm_fa4', 1.587), ('fa4', 1.706), ('trtllm_decode', 1.84),
+            ),
+            ('decode', 'bfloat16', 192, 192, ('causal', 'sinks')): (
+                ('fa4', 1.416), ('vllm_fa4', 1.418), ('vllm_fa3', 1.469), ('trtllm_decode', 1.93),
+            ),
+            ('decode', 'bfloat16', 192, 192, ('causal', 'softcap')): (
+                ('vllm_fa3', 1.555), ('fa2', 3.01), ('fa4', 6.304), ('vllm_fa4', 6.358),
+            ),
+            ('decode', 'bfloat16', 192, 192, ('causal', 'varlen')): (
+                ('fa4', 1.084), ('vllm_fa4', 1.092), ('trtllm_decode', 1.508), ('vllm_fa3', 1.922), ('fa2', 2.16),
+            ),
+            ('decode', 'bfloat16', 224, 224, ()): (
+                ('vllm_fa4', 1.721), ('fa4', 1.723), ('vllm_fa3', 1.942), ('sdpa_efficient', 2.19),
+                ('trtllm_decode', 2.322), ('fa2', 2.342), ('sdpa_flash', 2.366), ('sdpa_cudnn', 2.583),
+                ('sdpa_math', 38.05, 1, 3),
+            ),
+            ('decode', 'bfloat16', 224, 224, ('causal',)): (
+                ('fa4', 1.772), ('vllm_fa4', 1.848), ('vllm_fa3', 2.012, 2, 3), ('sdpa_efficient', 2.03),
+                ('fa2', 2.326), ('sdpa_flash', 2.344), ('sdpa_cudnn', 2.63), ('trtllm_decode', 2.714),
+                ('sdpa_math', 37.7, 2, 3),
+            ),
+            ('decode', 'bfloat16', 224, 224, ('sliding_window',)): (
+                ('vllm_fa4', 0.1737), ('fa4', 0.1739), ('vllm_fa3', 0.1977), ('fa2', 0.2031), ('trtllm_decode', 0.4984),
+                ('sdpa_efficient', 2.091), ('sdpa_cudnn', 2.685), ('sdpa_math', 37.09),
+            ),
+            ('decode', 'bfloat16', 224, 224, ('alibi', 'causal')): (
+                ('sdpa_efficient', 2.096), ('fa2', 2.348), ('sdpa_cudnn', 2.583), ('sdpa_math', 36.78),
+            ),
+            ('decode', 'bfloat16', 224, 224, ('causal', 'fp8')): (('vllm_fa3', 4.461),),
+            ('decode', 'bfloat16', 224, 224, ('causal', 'gqa')): (
+                ('vllm_fa4', 0.4329), ('fa4', 0.4727), ('vllm_fa3', 0.4973), ('sdpa_flash', 0.5112), ('fa2', 0.5313),
+                ('sdpa_cudnn', 0.6424), ('trtllm_decode', 0.6637), ('sdpa_math', 21.39),
+            ),
+            ('decode', 'bfloat16', 224, 224, ('causal', 'paged_kv:128')): (
+                ('vllm_fa3', 2.021, 1, 3), ('trtllm_decode', 2.545),
+            ),
+            ('decode', 'bfloat16', 224, 224, ('causal', 'paged_kv:16')): (
+                ('vllm_fa3', 2.037), ('trtllm_decode', 2.322),
+            ),
+            ('decode', 'bfloat16', 224, 224, ('causal', 'paged_kv:256')): (('vllm_fa3', 1.735, 1, 3), ('fa2', 2.367)),
+            ('decode', 'bfloat16', 224, 224, ('causal', 'paged_kv:32')): (('vllm_fa3', 1.931),),
+            ('decode', 'bfloat16', 224, 224, ('causal', 'paged_kv:64')): (
+                ('trtllm_decode', 2.131), ('vllm_fa3', 2.293, 1, 3),
+            ),
+            ('decode', 'bfloat16', 224, 224, ('causal', 'sinks')): (
+                ('fa4', 1.734), ('vllm_fa4', 1.751), ('vllm_fa3', 1.92, 2, 3), ('trtllm_decode', 2.329),
+            ),
+            ('decode', 'bfloat16', 224, 224, ('causal', 'softcap')): (
+                ('vllm_fa3', 1.943), ('fa2', 2.387), ('fa4', 6.559), ('vllm_fa4', 6.702),
+            ),
+            ('decode', 'bfloat16', 224, 224, ('causal', 'varlen')): (
+                ('vllm_fa4', 1.338), ('fa4', 1.339), ('vllm_fa3', 1.432), ('trtllm_decode', 1.775), ('fa2', 1.837),
+            ),
+            ('decode', 'bfloat16', 256, 256, ()): (
+                ('vllm_fa4', 1.893), ('vllm_fa3', 1.966), ('fa4', 1.986), ('sdpa_flash', 2.212), ('fa2', 2.231),
+                ('sdpa_efficient', 2.253), ('trtllm_decode', 2.487), ('sdpa_cudnn', 2.515), ('sdpa_math', 41.76),
+            ),
+            ('decode', 'bfloat16', 256, 256, ('causal',)): (
+                ('vllm_fa4', 1.897), ('fa4', 2.034), ('sdpa_efficient', 2.078), ('vllm_fa3', 2.083), ('fa2', 2.116),
+                ('sdpa_flash', 2.145), ('trtllm_decode', 2.37), ('sdpa_cudnn', 2.474), ('sdpa_math', 41.88, 2, 3),
+            ),
+            ('decode', 'bfloat16', 256, 256, ('sliding_window',)): (
+                ('vllm_fa4', 0.1833), ('fa4', 0.1864), ('vllm_fa3', 0.204), ('fa2', 0.2173),
+                ('trtllm_decode', 0.8334, 1, 3), ('sdpa_efficient', 2.221), ('sdpa_cudnn', 2.636),
+                ('sdpa_math', 102.0, 2, 3),
+            ),
+            ('decode', 'bfloat16', 256, 256, ('alibi', 'causal')): (
+                ('sdpa_efficient', 2.148), ('fa2', 2.298), ('sdpa_cudnn', 2.674), ('sdpa_math', 41.94),
+            ),
+            ('decode', 'bfloat16', 256, 256, ('causal', 'fp8')): (('vllm_fa3', 4.465),),
+            ('decode', 'bfloat16', 256, 256, ('causal', 'gqa')): (
+                ('sdpa_flash', 0.4849), ('fa4', 0.4873), ('vllm_fa4', 0.4947), ('fa2', 0.4995), ('vllm_fa3', 0.5569),
+                ('trtllm_decode', 0.6209), ('sdpa_cudnn', 0.6274), ('sdpa_math', 24.66, 2, 3),
+            ),
+            ('decode', 'bfloat16', 256, 256, ('causal', 'paged_kv:128')): (
+                ('fa4', 1.979), ('vllm_fa4', 2.083), ('vllm_fa3', 2.125), ('trtllm_decode', 2.213),
+            ),
+            ('decode', 'bfloat16', 256, 256, ('causal', 'paged_kv:16')): (
+                ('vllm_fa4', 2.04, 1, 3), ('fa4', 2.124), ('vllm_fa3', 2.191), ('trtllm_decode', 2.332),
+            ),
+            ('decode', 'bfloat16', 256, 256, ('causal', 'paged_kv:256')): (
+                ('vllm_fa3', 1.939), ('fa4', 1.965), ('vllm_fa4', 1.988), ('fa2', 2.233),
+            ),
+            ('decode', 'bfloat16', 256, 256, ('causal', 'paged_kv:32')): (('vllm_fa3', 1.979),),
+            ('decode', 'bfloat16', 256, 256, ('causal', 'paged_kv:64')): (
+                ('vllm_fa3', 1.997, 1, 3), ('vllm_fa4', 2.057), ('fa4', 2.145), ('trtllm_decode', 2.201),
+            ),
+            ('decode', 'bfloat16', 256, 256, ('causal', 'sinks')): (
+                ('fa4', 1.902), ('vllm_fa3', 1.974), ('vllm_fa4', 2.005), ('trtllm_decode', 2.375),
+            ),
+            ('decode', 'bfloat16', 256, 256, ('causal', 'softcap')): (
+                ('vllm_fa3', 2.097), ('fa2', 2.159), ('fa4', 6.666), ('vllm_fa4', 6.932),
+            ),
+            ('decode', 'bfloat16', 256, 256, ('causal', 'varlen')): (
+                ('fa4', 1.652), ('vllm_fa4', 1.696), ('fa2', 1.725), ('vllm_fa3', 1.755), ('trtllm_decode', 1.956),
+            ),
+            ('decode', 'bfloat16', 512, 512, ()): (
+                ('vllm_fa4', 3.811), ('sdpa_efficient', 4.228), ('trtllm_decode', 9.047), ('sdpa_math', 84.86),
+            ),
+            ('decode', 'bfloat16', 512, 512, ('causal',)): (
+                ('vllm_fa4', 3.862), ('sdpa_efficient', 4.503), ('trtllm_decode', 9.187), ('sdpa_math', 87.12, 2, 3),
+            ),
+            ('decode', 'bfloat16', 512, 512, ('sliding_window',)): (
+                ('vllm_fa4', 0.3517), ('trtllm_decode', 1.551), ('sdpa_efficient', 4.583), ('sdpa_math', 84.35),
+            ),
+            ('decode', 'bfloat16', 512, 512, ('alibi', 'causal')): (('sdpa_efficient', 4.322), ('sdpa_math', 83.92)),
+            ('decode', 'bfloat16', 512, 512, ('causal', 'fp8')): (('vllm_fa4', 3.948),),
+            ('decode', 'bfloat16', 512, 512, ('causal', 'gqa')): (('vllm_fa4', 0.9587), ('trtllm_decode', 2.2)),
+            ('decode', 'bfloat16', 512, 512, ('causal', 'paged_kv:128')): (
+                ('vllm_fa4', 4.883), ('trtllm_decode', 7.634),
+            ),
+            ('decode', 'bfloat16', 512, 512, ('causal', 'paged_kv:16')): (
+                ('vllm_fa4', 4.813), ('trtllm_decode', 8.832),
+            ),
+            ('decode', 'bfloat16', 512, 512, ('causal', 'paged_kv:256')): (('vllm_fa4', 4.54),),
+            ('decode', 'bfloat16', 512, 512, ('causal', 'paged_kv:64')): (('trtllm_decode', 7.083),),
+            ('decode', 'bfloat16', 512, 512, ('causal', 'sinks')): (('vllm_fa4', 3.855), ('trtllm_decode', 9.743)),
+            ('decode', 'bfloat16', 512, 512, ('causal', 'softcap')): (('vllm_fa4', 7.904),),
+            ('decode', 'bfloat16', 512, 512, ('causal', 'varlen')): (('vllm_fa4', 3.498), ('trtllm_decode', 7.007)),
+            ('decode', 'bfloat16', 192, 128, ()): (
+                ('fa4', 1.203), ('vllm_fa3', 1.212), ('vllm_fa4', 1.267), ('sdpa_efficient', 1.337),
+                ('sdpa_cudnn', 1.383), ('sdpa_math', 26.97, 1, 3),
+            ),
+            ('decode', 'bfloat16', 192, 128, ('causal',)): (
+                ('vllm_fa4', 1.202), ('vllm_fa3', 1.204), ('fa4', 1.211), ('sdpa_efficient', 1.317),
+                ('sdpa_cudnn', 1.369), ('sdpa_math', 28.01),
+            ),
+            ('decode', 'bfloat16', 192, 128, ('sliding_window',)): (
+                ('fa4', 0.1426), ('vllm_fa4', 0.1607), ('vllm_fa3', 0.1839), ('sdpa_efficient', 1.403),
+                ('sdpa_cudnn', 1.404), ('sdpa_math', 28.02),
+            ),
+            ('decode', 'bfloat16', 192, 128, ('alibi', 'causal')): (
+                ('sdpa_efficient', 1.367), ('sdpa_cudnn', 1.424), ('sdpa_math', 28.04),
+            ),
+            ('decode', 'bfloat16', 192, 128, ('causal', 'fp8')): (('vllm_fa3', 1.289),),
+            ('decode', 'bfloat16', 192, 128, ('causal', 'gqa')): (
+                ('vllm_fa4', 0.3031), ('fa4', 0.308), ('sdpa_cudnn', 0.3511), ('vllm_fa3', 0.583), ('sdpa_math', 15.85),
+            ),
+            ('decode', 'bfloat16', 192, 128, ('causal', 'paged_kv:128')): (
+                ('fa4', 1.2), ('vllm_fa4', 1.223), ('vllm_fa3', 1.307),
+            ),
+            ('decode', 'bfloat16', 192, 128, ('causal', 'paged_kv:16')): (
+                ('vllm_fa3', 1.279), ('fa4', 1.368), ('vllm_fa4', 1.376),
+            ),
+            ('decode', 'bfloat16', 192, 128, ('causal', 'paged_kv:256')): (
+                ('fa4', 1.223), ('vllm_fa4', 1.321), ('vllm_fa3', 1.424),
+            ),
+            ('decode', 'bfloat16', 192, 128, ('causal', 'paged_kv:32')): (('vllm_fa3', 1.372),),
+            ('decode', 'bfloat16', 192, 128, ('causal', 'paged_kv:64')): (
+                ('vllm_fa3', 1.271), ('fa4', 1.296), ('vllm_fa4', 1.34),
+            ),
+            ('decode', 'bfloat16', 192, 128, ('causal', 'sinks')): (('fa4', 1.187), ('vllm_fa4', 1.198)),
+            ('decode', 'bfloat16', 192, 128, ('causal', 'softcap')): (
+                ('vllm_fa3', 1.266), ('fa4', 6.162), ('vllm_fa4', 6.208),
+            ),
+            ('decode', 'bfloat16', 192, 128, ('causal', 'varlen')): (
+                ('fa4', 0.9419), ('vllm_fa4', 0.9461), ('vllm_fa3', 0.9767),
+            ),
+            ('decode', 'float16', 32, 32, ()): (
+                ('sdpa_cudnn', 0.3248), ('trtllm_decode', 0.4634), ('fa4', 0.6184), ('fa2', 0.6878),
+                ('sdpa_flash', 0.8441), ('vllm_fa3', 0.8981), ('sdpa_efficient', 1.047), ('sdpa_math', 5.392),
+            ),
+            ('decode', 'float16', 32, 32, ('causal',)): (
+                ('sdpa_cudnn', 0.3227), ('trtllm_decode', 0.4713), ('fa2', 0.6779), ('fa4', 0.7084),
+                ('sdpa_flash', 0.7623), ('vllm_fa3', 0.8194), ('sdpa_efficient', 1.026), ('sdpa_math', 5.703),
+            ),
+            ('decode', 'float16', 32, 32, ('sliding_window',)): (
+                ('fa2', 0.0999), ('trtllm_decode', 0.1067), ('fa4', 0.111), ('vllm_fa3', 0.1329),
+                ('sdpa_cudnn', 0.3685), ('sdpa_efficient', 1.254), ('sdpa_math', 5.444),
+            ),
+            ('decode', 'float16', 32, 32, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 0.3734), ('fa2', 0.6861), ('sdpa_efficient', 1.318), ('sdpa_math', 5.44),
+            ),
+            ('decode', 'float16', 32, 32, ('causal', 'gqa')): (
+                ('sdpa_cudnn', 0.08693), ('trtllm_decode', 0.1187), ('fa4', 0.1558), ('fa2', 0.1603),
+                ('sdpa_flash', 0.1839), ('vllm_fa3', 0.2372), ('sdpa_math', 3.842),
+            ),
+            ('decode', 'float16', 32, 32, ('causal', 'paged_kv:128')): (
+                ('trtllm_decode', 0.417), ('fa4', 0.6228), ('vllm_fa3', 0.9438),
+            ),
+            ('decode', 'float16', 32, 32, ('causal', 'paged_kv:16')): (
+                ('trtllm_decode', 0.4635), ('fa4', 0.7328), ('vllm_fa3', 0.9226),
+            ),
+            ('decode', 'float16', 32, 32, ('causal', 'paged_kv:256')): (
+                ('fa2', 0.4058), ('fa4', 0.655), ('vllm_fa3', 0.9079),
+            ),
+            ('decode', 'float16', 32, 32, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.915),),
+            ('decode', 'float16', 32, 32, ('causal', 'paged_kv:64')): (
+                ('trtllm_decode', 0.4122), ('fa4', 0.6874), ('vllm_fa3', 1.084),
+            ),
+            ('decode', 'float16', 32, 32, ('causal', 'sinks')): (
+                ('trtllm_decode', 0.4649), ('fa4', 0.6111), ('vllm_fa3', 0.9797),
+            ),
+            ('decode', 'float16', 32, 32, ('causal', 'softcap')): (
+                ('fa2', 0.9101), ('vllm_fa3', 1.211), ('fa4', 6.217),
+            ),
+            ('decode', 'float16', 32, 32, ('causal', 'varlen')): (
+                ('trtllm_decode', 0.3824), ('fa4', 0.5174), ('fa2', 0.625), ('vllm_fa3', 0.6473),
+            ),
+            ('decode', 'float16', 64, 64, ()): (
+                ('sdpa_cudnn', 0.4838), ('vllm_fa3', 0.5372), ('trtllm_decode', 0.5765), ('fa4', 0.7512),
+                ('fa2', 0.8989), ('sdpa_flash', 0.9815), ('sdpa_efficient', 1.107), ('sdpa_math', 10.71),
+            ),
+            ('decode', 'float16', 64, 64, ('causal',)): (
+                ('sdpa_cudnn', 0.4857), ('vllm_fa3', 0.5372), ('trtllm_decode', 0.5757), ('fa4', 0.7669),
+                ('fa2', 0.9586), ('sdpa_flash', 1.089), ('sdpa_efficient', 1.105), ('sdpa_math', 10.71),
+            ),
+            ('decode', 'float16', 64, 64, ('sliding_window',)): (
+                ('trtllm_decode', 0.1071), ('fa4', 0.1318), ('vllm_fa3', 0.136), ('fa2', 0.1375), ('sdpa_cudnn', 0.485),
+                ('sdpa_efficient', 1.348), ('sdpa_math', 10.75),
+            ),
+            ('decode', 'float16', 64, 64, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 0.4924), ('fa2', 1.115), ('sdpa_efficient', 1.477), ('sdpa_math', 10.75),
+            ),
+            ('decode', 'float16', 64, 64, ('causal', 'gqa')): (
+                ('sdpa_cudnn', 0.1285), ('vllm_fa3', 0.1333), ('trtllm_decode', 0.1515), ('fa4', 0.1876),
+                ('fa2', 0.2252), ('sdpa_flash', 0.2304), ('sdpa_math', 7.887),
+            ),
+            ('decode', 'float16', 64, 64, ('causal', 'paged_kv:128')): (
+                ('trtllm_decode', 0.4951), ('vllm_fa3', 0.5066), ('fa4', 0.766),
+            ),
+            ('decode', 'float16', 64, 64, ('causal', 'paged_kv:16')): (
+                ('trtllm_decode', 0.5486), ('vllm_fa3', 0.5988), ('fa4', 0.9024),
+            ),
+            ('decode', 'float16', 64, 64, ('causal', 'paged_kv:256')): (
+                ('vllm_fa3', 0.5064), ('fa2', 0.5883), ('fa4', 0.8463),
+            ),
+            ('decode', 'float16', 64, 64, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.5205),),
+            ('decode', 'float16', 64, 64, ('causal', 'paged_kv:64')): (
+                ('vllm_fa3', 0.5152), ('trtllm_decode', 0.5463), ('fa4', 0.9642),
+            ),
+            ('decode', 'float16', 64, 64, ('causal', 'sinks')): (
+                ('vllm_fa3', 0.4986), ('trtllm_decode', 0.6032), ('fa4', 0.7526),
+            ),
+            ('decode', 'float16', 64, 64, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.5632), ('fa2', 1.085), ('fa4', 6.348),
+            ),
+            ('decode', 'float16', 64, 64, ('causal', 'varlen')): (
+                ('vllm_fa3', 0.3879), ('trtllm_decode', 0.4992), ('fa4', 0.7201), ('fa2', 0.8215),
+            ),
+            ('decode', 'float16', 80, 80, ()): (
+                ('sdpa_cudnn', 0.6874), ('trtllm_decode', 0.9089), ('fa4', 0.9532), ('vllm_fa3', 0.9812),
+                ('fa2', 1.399), ('sdpa_flash', 1.48), ('sdpa_efficient', 1.744), ('sdpa_math', 13.48),
+            ),
+            ('decode', 'float16', 80, 80, ('causal',)): (
+                ('sdpa_cudnn', 0.6864), ('trtllm_decode', 0.8173), ('fa4', 1.034), ('vllm_fa3', 1.137), ('fa2', 1.382),
+                ('sdpa_flash', 1.476), ('sdpa_efficient', 1.57), ('sdpa_math', 13.47),
+            ),
+            ('decode', 'float16', 80, 80, ('sliding_window',)): (
+                ('fa2', 0.1369), ('trtllm_decode', 0.1474), ('fa4', 0.1481), ('vllm_fa3', 0.1831),
+                ('sdpa_cudnn', 0.6972), ('sdpa_efficient', 1.944), ('sdpa_math', 13.51),
+            ),
+            ('decode', 'float16', 80, 80, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 0.7543), ('fa2', 1.424), ('sdpa_efficient', 1.925), ('sdpa_math', 13.52),
+            ),
+            ('decode', 'float16', 80, 80, ('causal', 'gqa')): (
+                ('sdpa_cudnn', 0.1856), ('trtllm_decode', 0.2389), ('vllm_fa3', 0.2538), ('fa4', 0.2709),
+                ('fa2', 0.3225), ('sdpa_flash', 0.3399), ('sdpa_math', 8.252),
+            ),
+            ('decode', 'float16', 80, 80, ('causal', 'paged_kv:128')): (
+                ('trtllm_decode', 0.8519), ('fa4', 1.114), ('vllm_fa3', 1.214),
+            ),
+            ('decode', 'float16', 80, 80, ('causal', 'paged_kv:16')): (
+                ('trtllm_decode', 0.8163), ('vllm_fa3', 1.105), ('fa4', 1.11),
+            ),
+            ('decode', 'float16', 80, 80, ('causal', 'paged_kv:256')): (
+                ('fa2', 0.9159), ('fa4', 1.056), ('vllm_fa3', 1.106),
+            ),
+            ('decode', 'float16', 80, 80, ('causal', 'paged_kv:32')): (('vllm_fa3', 1.114),),
+            ('decode', 'float16', 80, 80, ('causal', 'paged_kv:64')): (
+                ('trtllm_decode', 0.72), ('vllm_fa3', 1.08), ('fa4', 1.098),
+            ),
+            ('decode', 'float16', 80, 80, ('causal', 'sinks')): (
+                ('trtllm_decode', 0.8555), ('fa4', 0.997), ('vllm_fa3', 1.083),
+            ),
+            ('decode', 'float16', 80, 80, ('causal', 'softcap')): (('vllm_fa3', 1.505), ('fa2', 1.699), ('fa4', 6.285)),
+            ('decode', 'float16', 80, 80, ('causal', 'varlen')): (
+                ('trtllm_decode', 0.6869), ('vllm_fa3', 0.8099), ('fa4', 0.8523), ('fa2', 1.088),
+            ),
+            ('decode', 'float16', 96, 96, ()): (
+                ('sdpa_cudnn', 0.8097), ('trtllm_decode', 0.9519), ('fa4', 1.035), ('vllm_fa3', 1.11), ('fa2', 1.335),
+                ('sdpa_flash', 1.519), ('sdpa_efficient', 1.54), ('sdpa_math', 15.96),
+            ),
+            ('decode', 'float16', 96, 96, ('causal',)): (
+                ('sdpa_cudnn', 0.8097), ('trtllm_decode', 0.9384), ('fa4', 1.043), ('vllm_fa3', 1.173), ('fa2', 1.272),
+                ('sdpa_flash', 1.551), ('sdpa_efficient', 1.563), ('sdpa_math', 15.97),
+            ),
+            ('decode', 'float16', 96, 96, ('sliding_window',)): (
+                ('fa2', 0.1345), ('fa4', 0.1473), ('trtllm_decode', 0.1502), ('vllm_fa3', 0.1716),
+                ('sdpa_cudnn', 0.8163), ('sdpa_efficient', 1.821), ('sdpa_math', 16.01),
+            ),
+            ('decode', 'float16', 96, 96, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 0.8188), ('fa2', 1.34), ('sdpa_efficient', 1.841), ('sdpa_math', 16.01),
+            ),
+            ('decode', 'float16', 96, 96, ('causal', 'gqa')): (
+                ('sdpa_cudnn', 0.2063), ('fa4', 0.2415), ('trtllm_decode', 0.251), ('vllm_fa3', 0.2527),
+                ('fa2', 0.3093), ('sdpa_flash', 0.3504), ('sdpa_math', 10.17),
+            ),
+            ('decode', 'float16', 96, 96, ('causal', 'paged_kv:128')): (
+                ('trtllm_decode', 0.8444), ('fa4', 0.96), ('vllm_fa3', 1.27),
+            ),
+            ('decode', 'float16', 96, 96, ('causal', 'paged_kv:16')): (
+                ('trtllm_decode', 0.9208), ('fa4', 1.126), ('vllm_fa3', 1.272),
+            ),
+            ('decode', 'float16', 96, 96, ('causal', 'paged_kv:256')): (
+                ('fa2', 0.8852), ('vllm_fa3', 1.101), ('fa4', 1.253),
+            ),
+            ('decode', 'float16', 96, 96, ('causal', 'paged_kv:32')): (('vllm_fa3', 1.121),),
+            ('decode', 'float16', 96, 96, ('causal', 'paged_kv:64')): (
+                ('trtllm_decode', 0.8447), ('fa4', 1.117), ('vllm_fa3', 1.238),
+            ),
+            ('decode', 'float16', 96, 96, ('causal', 'sinks')): (
+                ('trtllm_decode', 0.9419), ('fa4', 1.003), ('vllm_fa3', 1.134),
+            ),
+            ('decode', 'float16', 96, 96, ('causal', 'softcap')): (('vllm_fa3', 1.343), ('fa2', 1.599), ('fa4', 6.288)),
+            ('decode', 'float16', 96, 96, ('causal', 'varlen')): (
+                ('trtllm_decode', 0.8321), ('fa4', 0.885), ('vllm_fa3', 0.9226), ('fa2', 1.093),
+            ),
+            ('decode', 'float16', 128, 128, ()): (
+                ('fa4', 0.9673), ('vllm_fa3', 0.97), ('sdpa_cudnn', 1.042), ('trtllm_decode', 1.122), ('fa2', 1.625),
+                ('sdpa_efficient', 1.757), ('sdpa_flash', 1.934), ('sdpa_math', 21.07),
+            ),
+            ('decode', 'float16', 128, 128, ('causal',)): (
+                ('sdpa_cudnn', 0.9644), ('vllm_fa3', 0.9681), ('fa4', 0.97), ('trtllm_decode', 1.1),
+                ('sdpa_efficient', 1.657), ('fa2', 1.671), ('sdpa_flash', 1.898), ('sdpa_math', 21.08),
+            ),
+            ('decode', 'float16', 128, 128, ('sliding_window',)): (
+                ('fa4', 0.123), ('vllm_fa3', 0.1381), ('trtllm_decode', 0.1545), ('fa2', 0.1686), ('sdpa_cudnn', 1.15),
+                ('sdpa_efficient', 1.903), ('sdpa_math', 21.12),
+            ),
+            ('decode', 'float16', 128, 128, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 1.118), ('fa2', 1.772), ('sdpa_efficient', 1.942), ('sdpa_math', 21.12),
+            ),
+            ('decode', 'float16', 128, 128, ('causal', 'gqa')): (
+                ('sdpa_cudnn', 0.2461), ('fa4', 0.2466), ('vllm_fa3', 0.2526), ('trtllm_decode', 0.2937),
+                ('fa2', 0.3818), ('sdpa_flash', 0.4197), ('sdpa_math', 13.2),
+            ),
+            ('decode', 'float16', 128, 128, ('causal', 'paged_kv:128')): (
+                ('trtllm_decode', 0.9387), ('vllm_fa3', 0.9826), ('fa4', 1.131),
+            ),
+            ('decode', 'float16', 128, 128, ('causal', 'paged_kv:16')): (
+                ('vllm_fa3', 1.007), ('trtllm_decode', 1.122), ('fa4', 1.159),
+            ),
+            ('decode', 'float16', 128, 128, ('causal', 'paged_kv:256')): (
+                ('vllm_fa3', 0.9863), ('fa2', 1.032), ('fa4', 1.053),
+            ),
+            ('decode', 'float16', 128, 128, ('causal', 'paged_kv:32')): (('vllm_fa3', 0.9809),),
+            ('decode', 'float16', 128, 128, ('causal', 'paged_kv:64')): (
+                ('vllm_fa3', 0.9414), ('trtllm_decode', 0.9824), ('fa4', 1.214),
+            ),
+            ('decode', 'float16', 128, 128, ('causal', 'sinks')): (
+                ('fa4', 0.9483), ('vllm_fa3', 0.9631), ('trtllm_decode', 1.137),
+            ),
+            ('decode', 'float16', 128, 128, ('causal', 'softcap')): (
+                ('vllm_fa3', 0.967), ('fa2', 2.041), ('fa4', 5.953),
+            ),
+            ('decode', 'float16', 128, 128, ('causal', 'varlen')): (
+                ('vllm_fa3', 0.7499), ('fa4', 0.8051), ('trtllm_decode', 0.8823), ('fa2', 1.311),
+            ),
+            ('decode', 'float16', 160, 160, ()): (
+                ('fa4', 1.291), ('vllm_fa3', 1.434), ('sdpa_efficient', 1.721), ('sdpa_cudnn', 2.397), ('fa2', 2.749),
+                ('sdpa_flash', 3.025), ('sdpa_math', 26.43),
+            ),
+            ('decode', 'float16', 160, 160, ('causal',)): (
+                ('fa4', 1.303), ('vllm_fa3', 1.392), ('sdpa_efficient', 1.715), ('sdpa_cudnn', 2.279), ('fa2', 2.917),
+                ('sdpa_flash', 3.145), ('sdpa_math', 26.45),
+            ),
+            ('decode', 'float16', 160, 160, ('sliding_window',)): (
+                ('vllm_fa3', 0.1427), ('fa4', 0.1523), ('fa2', 0.2656), ('sdpa_efficient', 1.732),
+                ('sdpa_cudnn', 2.335), ('sdpa_math', 26.48),
+            ),
+            ('decode', 'float16', 160, 160, ('alibi', 'causal')): (
+                ('sdpa_efficient', 1.72), ('sdpa_cudnn', 2.35), ('fa2', 2.836), ('sdpa_math', 26.47),
+            ),
+            ('decode', 'float16', 160, 160, ('causal', 'gqa')): (
+                ('fa4', 0.3174), ('sdpa_cudnn', 0.576), ('vllm_fa3', 0.5777), ('fa2', 0.7175), ('sdpa_flash', 0.8655),
+                ('sdpa_math', 16.54),
+            ),
+            ('decode', 'float16', 160, 160, ('causal', 'paged_kv:128')): (('vllm_fa3', 1.477),),
+            ('decode', 'float16', 160, 160, ('causal', 'paged_kv:16')): (('vllm_fa3', 1.56),),
+            ('decode', 'float16', 160, 160, ('causal', 'paged_kv:256')): (('vllm_fa3', 1.71), ('fa2', 1.813)),
+            ('decode', 'float16', 160, 160, ('causal', 'paged_kv:32')): (('vllm_fa3', 1.434),),
+            ('decode', 'float16', 160, 160, ('causal', 'paged_kv:64')): (('vllm_fa3', 1.459),),
+            ('decode', 'float16', 160, 160, ('causal', 'sinks')): (('fa4', 1.242), ('vllm_fa3', 1.591)),
+            ('decode', 'float16', 160, 160, ('causal', 'softcap')): (
+                ('vllm_fa3', 1.613), ('fa2', 3.095), ('fa4', 6.636),
+            ),
+            ('decode', 'float16', 160, 160, ('causal', 'varlen')): (
+                ('fa4', 1.003), ('vllm_fa3', 1.134), ('fa2', 2.236),
+            ),
+            ('decode', 'float16', 192, 192, ()): (
+                ('fa4', 1.489), ('vllm_fa3', 1.497), ('sdpa_efficient', 1.747), ('trtllm_decode', 2.122, 1, 3),
+                ('sdpa_cudnn', 2.269), ('fa2', 2.808), ('sdpa_flash', 2.876), ('sdpa_math', 31.54),
+            ),
+            ('decode', 'float16', 192, 192, ('causal',)): (
+                ('fa4', 1.567), ('vllm_fa3', 1.582), ('sdpa_efficient', 1.773), ('sdpa_cudnn', 2.269), ('fa2', 2.796),
+                ('sdpa_flash', 2.922), ('sdpa_math', 31.6),
+            ),
+            ('decode', 'float16', 192, 192, ('sliding_window',)): (
+                ('vllm_fa3', 0.1532), ('fa4', 0.2006), ('fa2', 0.2946), ('trtllm_decode', 0.3961),
+                ('sdpa_efficient', 1.88), ('sdpa_cudnn', 2.337), ('sdpa_math', 31.59),
+            ),
+            ('decode', 'float16', 192, 192, ('alibi', 'causal')): (
+                ('sdpa_efficient', 1.848), ('sdpa_cudnn', 2.35), ('fa2', 2.927), ('sdpa_math', 31.6),
+            ),
+            ('decode', 'float16', 192, 192, ('causal', 'gqa')): (
+                ('fa4', 0.3709), ('vllm_fa3', 0.3839), ('sdpa_cudnn', 0.5803), ('fa2', 0.6334), ('sdpa_flash', 0.6852),
+                ('trtllm_decode', 1.241, 2, 3), ('sdpa_math', 18.29),
+            ),
+            ('decode', 'float16', 192, 192, ('causal', 'paged_kv:128')): (
+                ('trtllm_decode', 1.654), ('fa4', 1.677), ('vllm_fa3', 1.907, 1, 3),
+            ),
+            ('decode', 'float16', 192, 192, ('causal', 'paged_kv:16')): (('vllm_fa3', 1.554), ('fa4', 1.733)),
+            ('decode', 'float16', 192, 192, ('causal', 'paged_kv:256')): (
+                ('fa4', 1.56), ('vllm_fa3', 1.645), ('fa2', 1.674),
+            ),
+            ('decode', 'float16', 192, 192, ('causal', 'paged_kv:32')): (('vllm_fa3', 1.521),),
+            ('decode', 'float16', 192, 192, ('causal', 'paged_kv:64')): (
+                ('vllm_fa3', 1.562), ('trtllm_decode', 1.59), ('fa4', 1.605),
+            ),
+            ('decode', 'float16', 192, 192, ('causal', 'sinks')): (
+                ('fa4', 1.428), ('vllm_fa3', 1.441), ('trtllm_decode', 1.97),
+            ),
+            ('decode', 'float16', 192, 192, ('causal', 'softcap')): (
+                ('vllm_fa3', 1.669), ('fa2', 2.912), ('fa4', 6.289),
+            ),
+            ('decode', 'float16', 192, 192, ('causal', 'varlen')): (
+                ('fa4', 1.115), ('trtllm_decode', 1.506), ('vllm_fa3', 2.066), ('fa2', 2.111),
+            ),
+            ('decode', 'float16', 224, 224, ()): (
+                ('fa4', 1.816), ('vllm_fa3', 2.073), ('sdpa_efficient', 2.225), ('trtllm_decode', 2.247),
+                ('fa2', 2.412), ('sdpa_flash', 2.573), ('sdpa_cudnn', 2.586), ('sdpa_math', 36.61, 1, 3),
+            ),
+            ('decode', 'float16', 224, 224, ('causal',)): (
+                ('fa4', 1.768), ('vllm_fa3', 1.895, 2, 3), ('sdpa_efficient', 2.073), ('trtllm_decode', 2.243),
+                ('fa2', 2.408), ('sdpa_flash', 2.449), ('sdpa_cudnn', 2.529),
+            ),
+            ('decode', 'float16', 224, 224, ('sliding_window',)): (
+                ('fa4', 0.1737), ('vllm_fa3', 0.1889), ('fa2', 0.2073), ('sdpa_efficient', 2.488),
+                ('sdpa_cudnn', 2.621), ('sdpa_math', 36.64, 1, 3),
+            ),
+            ('decode', 'float16', 224, 224, ('alibi', 'causal')): (
+                ('fa2', 2.163), ('sdpa_efficient', 2.289), ('sdpa_cudnn', 2.652), ('sdpa_math', 37.68, 2, 3),
+            ),
+            ('decode', 'float16', 224, 224, ('causal', 'gqa')): (
+                ('fa4', 0.4395), ('fa2', 0.5143), ('sdpa_flash', 0.5602), ('trtllm_decode', 0.6115),
+                ('sdpa_cudnn', 0.6626), ('vllm_fa3', 0.9906), ('sdpa_math', 21.35),
+            ),
+            ('decode', 'float16', 224, 224, ('causal', 'paged_kv:128')): (
+                ('trtllm_decode', 1.983, 1, 3), ('vllm_fa3', 2.128),
+            ),
+            ('decode', 'float16', 224, 224, ('causal', 'paged_kv:16')): (
+                ('vllm_fa3', 2.038, 2, 3), ('trtllm_decode', 2.237),
+            ),
+            ('decode', 'float16', 224, 224, ('causal', 'paged_kv:256')): (('vllm_fa3', 1.882), ('fa2', 2.413)),
+            ('decode', 'float16', 224, 224, ('causal', 'paged_kv:32')): (('vllm_fa3', 2.061),),
+            ('decode', 'float16', 224, 224, ('causal', 'paged_kv:64')): (('vllm_fa3', 2.04),),
+            ('decode', 'float16', 224, 224, ('causal', 'sinks')): (
+                ('fa4', 1.878), ('vllm_fa3', 1.945, 1, 3), ('trtllm_decode', 2.441),
+            ),
+            ('decode', 'float16', 224, 224, ('causal', 'softcap')): (
+                ('vllm_fa3', 1.917), ('fa2', 2.394), ('fa4', 6.58),
+            ),
+            ('decode', 'float16', 224, 224, ('causal', 'varlen')): (
+                ('fa4', 1.422), ('vllm_fa3', 1.46), ('trtllm_decode', 1.732), ('fa2', 1.803),
+            ),
+            ('decode', 'float16', 256, 256, ()): (
+                ('fa4', 1.949), ('vllm_fa3', 2.008), ('sdpa_efficient', 2.171), ('fa2', 2.208), ('sdpa_flash', 2.31),
+                ('sdpa_cudnn', 2.525),
+            ),
+            ('decode', 'float16', 256, 256, ('causal',)): (
+                ('vllm_fa3', 2.059), ('sdpa_efficient', 2.13), ('fa2', 2.208), ('sdpa_flash', 2.266), ('fa4', 2.405),
+                ('sdpa_cudnn', 2.522),
+            ),
+            ('decode', 'float16', 256, 256, ('sliding_window',)): (
+                ('fa2', 0.1737), ('vllm_fa3', 0.1952), ('fa4', 0.2044), ('sdpa_efficient', 2.332), ('sdpa_cudnn', 2.6),
+                ('sdpa_math', 10.4, 1, 3),
+            ),
+            ('decode', 'float16', 256, 256, ('alibi', 'causal')): (
+                ('sdpa_efficient', 2.336), ('fa2', 2.417), ('sdpa_cudnn', 2.59), ('sdpa_math', 41.72),
+            ),
+            ('decode', 'float16', 256, 256, ('causal', 'gqa')): (
+                ('vllm_fa3', 0.4933), ('sdpa_flash', 0.5023), ('fa4', 0.507), ('fa2', 0.5144), ('sdpa_cudnn', 0.6685),
+                ('trtllm_decode', 0.6834, 1, 3), ('sdpa_math', 23.98),
+            ),
+            ('decode', 'float16', 256, 256, ('causal', 'paged_kv:128')): (('vllm_fa3', 1.971), ('fa4', 2.227)),
+            ('decode', 'float16', 256, 256, ('causal', 'paged_kv:16')): (('vllm_fa3', 2.215), ('fa4', 2.265)),
+            ('decode', 'float16', 256, 256, ('causal', 'paged_kv:256')): (
+                ('vllm_fa3', 1.952), ('fa2', 2.165), ('fa4', 2.438),
+            ),
+            ('decode', 'float16', 256, 256, ('causal', 'paged_kv:32')): (('vllm_fa3', 2.048),),
+            ('decode', 'float16', 256, 256, ('causal', 'paged_kv:64')): (('vllm_fa3', 2.239, 1, 3), ('fa4', 2.24)),
+            ('decode', 'float16', 256, 256, ('causal', 'sinks')): (
+                ('fa4', 1.898), ('vllm_fa3', 1.977), ('trtllm_decode', 2.914),
+            ),
+            ('decode', 'float16', 256, 256, ('causal', 'softcap')): (
+                ('vllm_fa3', 1.974), ('fa2', 2.303), ('fa4', 6.582),
+            ),
+            ('decode', 'float16', 256, 256, ('causal', 'varlen')): (
+                ('fa2', 1.626), ('vllm_fa3', 1.795), ('fa4', 1.918),
+            ),
+            ('decode', 'float16', 512, 512, ()): (('sdpa_efficient', 4.459),),
+            ('decode', 'float16', 512, 512, ('causal',)): (('sdpa_efficient', 4.524), ('trtllm_decode', 8.258, 1, 3)),
+            ('decode', 'float16', 512, 512, ('sliding_window',)): (('trtllm_decode', 1.653), ('sdpa_efficient', 4.427)),
+            ('decode', 'float16', 512, 512, ('alibi', 'causal')): (('sdpa_efficient', 4.287),),
+            ('decode', 'float16', 512, 512, ('causal', 'gqa')): (('trtllm_decode', 2.238, 1, 3), ('sdpa_math', 47.26)),
+            ('decode', 'float16', 512, 512, ('causal', 'paged_kv:128')): (('trtllm_decode', 7.609),),
+            ('decode', 'float16', 512, 512, ('causal', 'sinks')): (('trtllm_decode', 8.836),),
+            ('decode', 'float16', 512, 512, ('causal', 'varlen')): (('trtllm_decode', 7.014),),
+            ('decode', 'float16', 192, 128, ()): (
+                ('vllm_fa3', 1.197), ('fa4', 1.217), ('sdpa_efficient', 1.37), ('sdpa_cudnn', 1.386),
+                ('sdpa_math', 27.9),
+            ),
+            ('decode', 'float16', 192, 128, ('causal',)): (
+                ('fa4', 1.239), ('vllm_fa3', 1.254), ('sdpa_efficient', 1.319), ('sdpa_cudnn', 1.382),
+                ('sdpa_math', 27.87),
+            ),
+            ('decode', 'float16', 192, 128, ('sliding_window',)): (
+                ('vllm_fa3', 0.135), ('fa4', 0.1868), ('sdpa_cudnn', 1.405), ('sdpa_efficient', 1.527),
+                ('sdpa_math', 27.9),
+            ),
+            ('decode', 'float16', 192, 128, ('alibi', 'causal')): (
+                ('sdpa_efficient', 1.429), ('sdpa_cudnn', 1.433), ('sdpa_math', 27.88),
+            ),
+            ('decode', 'float16', 192, 128, ('causal', 'gqa')): (
+                ('fa4', 0.308), ('vllm_fa3', 0.3599), ('sdpa_cudnn', 0.3917), ('sdpa_math', 15.88),
+            ),
+            ('decode', 'float16', 192, 128, ('causal', 'paged_kv:128')): (('fa4', 1.204), ('vllm_fa3', 1.386)),
+            ('decode', 'float16', 192, 128, ('causal', 'paged_kv:16')): (('fa4', 1.387), ('vllm_fa3', 1.44)),
+            ('decode', 'float16', 192, 128, ('causal', 'paged_kv:256')): (('fa4', 1.289), ('vllm_fa3', 1.459)),
+            ('decode', 'float16', 192, 128, ('causal', 'paged_kv:32')): (('vllm_fa3', 1.356),),
+            ('decode', 'float16', 192, 128, ('causal', 'paged_kv:64')): (('fa4', 1.239), ('vllm_fa3', 1.409)),
+            ('decode', 'float16', 192, 128, ('causal', 'sinks')): (('fa4', 1.195),),
+            ('decode', 'float16', 192, 128, ('causal', 'softcap')): (('vllm_fa3', 1.389), ('fa4', 6.123)),
+            ('decode', 'float16', 192, 128, ('causal', 'varlen')): (('vllm_fa3', 0.9556), ('fa4', 0.9669)),
+            ('mla_prefill', 'bfloat16', 128, 128, ('causal', 'qk_rope:64')): (
+                ('vllm_fa3', 0.2644), ('vllm_fa4', 0.292),
+            ),
+            ('mla_prefill', 'bfloat16', 128, 128, ('causal', 'fp8', 'qk_rope:64')): (('vllm_fa3', 0.3202),),
+            ('mla_prefill', 'bfloat16', 128, 128, ('causal', 'gqa', 'qk_rope:64')): (
+                ('vllm_fa3', 0.2495), ('vllm_fa4', 0.2868),
+            ),
+            ('mla_prefill', 'bfloat16', 128, 128, ('causal', 'qk_rope:64', 'sinks')): (
+                ('vllm_fa4', 0.2632), ('vllm_fa3', 0.277),
+            ),
+            ('mla_prefill', 'bfloat16', 128, 128, ('causal', 'qk_rope:64', 'softcap')): (
+                ('vllm_fa3', 0.3988), ('vllm_fa4', 0.581),
+            ),
+            ('mla_prefill', 'bfloat16', 128, 128, ('causal', 'qk_rope:64', 'varlen')): (
+                ('vllm_fa3', 0.3288), ('vllm_fa4', 0.3477),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal',)): (
+                ('sdpa_cudnn', 0.4664), ('flashinfer', 0.4793), ('fa4', 0.5241), ('sdpa_flash', 0.9466),
+                ('fa2', 0.9949), ('sdpa_efficient', 2.054), ('sdpa_math', 19.06),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('alibi', 'causal')): (
+                ('fa2', 1.108), ('flashinfer', 1.171), ('sdpa_cudnn', 2.2), ('sdpa_efficient', 4.112),
+                ('sdpa_math', 19.83),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'gqa')): (
+                ('fa4', 0.4342), ('sdpa_cudnn', 0.4575), ('flashinfer', 0.5311), ('fa2', 0.9089),
+                ('sdpa_flash', 0.9399), ('sdpa_math', 18.63),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'qk_rope:0')): (
+                ('vllm_fa3', 0.4796), ('vllm_fa4', 0.4841),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'qk_rope:64')): (
+                ('vllm_fa4', 0.4998), ('vllm_fa3', 0.5242),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'sinks')): (('fa4', 0.4895),),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'softcap')): (
+                ('flashinfer', 0.5284), ('fa4', 0.6803), ('fa2', 0.9605),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'varlen')): (
+                ('fa4', 0.5347), ('flashinfer', 0.5371), ('fa2', 0.8244),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'fp8', 'qk_rope:0')): (('vllm_fa3', 0.8591),),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'fp8', 'qk_rope:64')): (('vllm_fa3', 0.8831),),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'gqa', 'qk_rope:0')): (
+                ('vllm_fa4', 0.4356), ('vllm_fa3', 0.4502),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'gqa', 'qk_rope:64')): (
+                ('vllm_fa3', 0.4244), ('vllm_fa4', 0.4789),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'qk_rope:0', 'sinks')): (
+                ('vllm_fa4', 0.466), ('vllm_fa3', 0.4892),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'qk_rope:0', 'softcap')): (
+                ('vllm_fa3', 0.5749), ('vllm_fa4', 0.7162),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'qk_rope:0', 'varlen')): (
+                ('vllm_fa4', 0.534), ('vllm_fa3', 0.5608),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'qk_rope:64', 'sinks')): (
+                ('vllm_fa4', 0.4659), ('vllm_fa3', 0.5619),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'qk_rope:64', 'softcap')): (
+                ('vllm_fa3', 0.5537), ('vllm_fa4', 0.7136),
+            ),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'qk_rope:64', 'varlen')): (
+                ('vllm_fa3', 0.5465), ('vllm_fa4', 0.5695),
+            ),
+            ('mla_prefill', 'bfloat16', 192, 128, ('causal',)): (
+                ('fa4', 0.2878), ('flashinfer', 0.3002), ('sdpa_cudnn', 0.3268), ('sdpa_efficient', 1.248),
+                ('sdpa_math', 14.65),
+            ),
+            ('mla_prefill', 'bfloat16', 192, 128, ('alibi', 'causal')): (
+                ('flashinfer', 1.066), ('sdpa_cudnn', 1.135), ('sdpa_efficient', 2.845), ('sdpa_math', 15.4),
+            ),
+            ('mla_prefill', 'bfloat16', 192, 128, ('causal', 'gqa')): (
+                ('fa4', 0.3133), ('flashinfer', 0.3152), ('sdpa_cudnn', 0.3249), ('sdpa_math', 10.72, 1, 3),
+            ),
+            ('mla_prefill', 'bfloat16', 192, 128, ('causal', 'qk_rope:64')): (
+                ('vllm_fa3', 0.3696), ('vllm_fa4', 0.4948),
+            ),
+            ('mla_prefill', 'bfloat16', 192, 128, ('causal', 'sinks')): (('fa4', 0.3411),),
+            ('mla_prefill', 'bfloat16', 192, 128, ('causal', 'softcap')): (('flashinfer', 0.3637), ('fa4', 0.5549)),
+            ('mla_prefill', 'bfloat16', 192, 128, ('causal', 'varlen')): (('flashinfer', 0.3225), ('fa4', 0.3247)),
+            ('mla_prefill', 'bfloat16', 192, 128, ('causal', 'fp8', 'qk_rope:64')): (('vllm_fa3', 0.3903),),
+            ('mla_prefill', 'bfloat16', 192, 128, ('causal', 'gqa', 'qk_rope:64')): (
+                ('vllm_fa3', 0.3081), ('vllm_fa4', 0.3135),
+            ),
+            ('mla_prefill', 'bfloat16', 192, 128, ('causal', 'qk_rope:64', 'sinks')): (('vllm_fa4', 0.3588),),
+            ('mla_prefill', 'bfloat16', 192, 128, ('causal', 'qk_rope:64', 'softcap')): (
+                ('vllm_fa3', 0.4679), ('vllm_fa4', 0.9946),
+            ),
+            ('mla_prefill', 'bfloat16', 192, 128, ('causal', 'qk_rope:64', 'varlen')): (
+                ('vllm_fa4', 0.3379), ('vllm_fa3', 0.3557),
+            ),
+            ('mla_prefill', 'float16', 128, 128, ('causal', 'qk_rope:64')): (('vllm_fa3', 0.3019),),
+            ('mla_prefill', 'float16', 128, 128, ('causal', 'gqa', 'qk_rope:64')): (('vllm_fa3', 0.2672),),
+            ('mla_prefill', 'float16', 128, 128, ('causal', 'qk_rope:64', 'sinks')): (('vllm_fa3', 0.3038),),
+            ('mla_prefill', 'float16', 128, 128, ('causal', 'qk_rope:64', 'softcap')): (('vllm_fa3', 0.3261),),
+            ('mla_prefill', 'float16', 128, 128, ('causal', 'qk_rope:64', 'varlen')): (('vllm_fa3', 0.3294),),
+            ('mla_prefill', 'float16', 256, 256, ('causal',)): (
+                ('fa4', 0.4704), ('sdpa_cudnn', 0.4822), ('flashinfer', 0.5097), ('fa2', 0.9244),
+                ('sdpa_flash', 0.9869), ('sdpa_efficient', 2.003), ('sdpa_math', 19.07),
+            ),
+            ('mla_prefill', 'float16', 256, 256, ('alibi', 'causal')): (
+                ('fa2', 1.052), ('flashinfer', 1.176), ('sdpa_cudnn', 2.368), ('sdpa_efficient', 4.216),
+                ('sdpa_math', 19.78),
+            ),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'gqa')): (
+                ('fa4', 0.4516), ('flashinfer', 0.4659), ('sdpa_cudnn', 0.6431), ('fa2', 0.905), ('sdpa_flash', 0.9551),
+                ('sdpa_math', 18.63),
+            ),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'qk_rope:0')): (('vllm_fa3', 0.5657),),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'qk_rope:64')): (('vllm_fa3', 0.5151),),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'sinks')): (('fa4', 0.4669),),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'softcap')): (
+                ('flashinfer', 0.5086), ('fa4', 0.7074), ('fa2', 1.109),
+            ),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'varlen')): (
+                ('fa4', 0.5267), ('fa2', 0.7976), ('flashinfer', 0.8963),
+            ),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'gqa', 'qk_rope:0')): (('vllm_fa3', 0.5248),),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'gqa', 'qk_rope:64')): (('vllm_fa3', 0.4919),),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'qk_rope:0', 'sinks')): (('vllm_fa3', 0.4776),),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'qk_rope:0', 'softcap')): (('vllm_fa3', 0.589),),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'qk_rope:0', 'varlen')): (('vllm_fa3', 0.5661),),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'qk_rope:64', 'sinks')): (('vllm_fa3', 0.6295),),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'qk_rope:64', 'softcap')): (('vllm_fa3', 0.5014),),
+            ('mla_prefill', 'float16', 256, 256, ('causal', 'qk_rope:64', 'varlen')): (('vllm_fa3', 0.7811),),
+            ('mla_prefill', 'float16', 192, 128, ('causal',)): (
+                ('flashinfer', 0.3062), ('fa4', 0.3147), ('sdpa_cudnn', 0.3611), ('sdpa_efficient', 1.29),
+                ('sdpa_math', 14.64),
+            ),
+            ('mla_prefill', 'float16', 192, 128, ('alibi', 'causal')): (
+                ('sdpa_cudnn', 1.025), ('flashinfer', 1.063), ('sdpa_efficient', 2.859), ('sdpa_math', 15.35),
+            ),
+            ('mla_prefill', 'float16', 192, 128, ('causal', 'gqa')): (
+                ('fa4', 0.3319), ('sdpa_cudnn', 0.3586), ('flashinfer', 0.3906), ('sdpa_math', 14.17),
+            ),
+            ('mla_prefill', 'float16', 192, 128, ('causal', 'qk_rope:64')): (('vllm_fa3', 0.3088),),
+            ('mla_prefill', 'float16', 192, 128, ('causal', 'sinks')): (('fa4', 0.3307),),
+            ('mla_prefill', 'float16', 192, 128, ('causal', 'softcap')): (('flashinfer', 0.3603), ('fa4', 0.5696)),
+            ('mla_prefill', 'float16', 192, 128, ('causal', 'varlen')): (('flashinfer', 0.3222), ('fa4', 0.3362)),
+            ('mla_prefill', 'float16', 192, 128, ('causal', 'gqa', 'qk_rope:64')): (('vllm_fa3', 0.3178),),
+            ('mla_prefill', 'float16', 192, 128, ('causal', 'qk_rope:64', 'softcap')): (('vllm_fa3', 0.3522),),
+            ('mla_prefill', 'float16', 192, 128, ('causal', 'qk_rope:64', 'varlen')): (('vllm_fa3', 0.3281),),
         },
     },
     # arch -> (op, dtype, head_dim, head_dim_v, feature set) -> per timed layer and workload bucket: (query heads,
@@ -1567,13 +8388,37 @@ DATA = {
     # fastest first); what select_backends' workload hints rank by (selector_engine.Engine.workload_order)
     'workloads': {
         'sm_90': {
-            ('decode', 'bfloat16', 64, 64, 'causal+gqa'): (
-                (32, 8, 8, 1024, 1, (('sdpa_cudnn', 0.00896), ('fa2', 0.01252), ('sdpa_flash', 0.01317), ('vllm_fa3', 0.01454), ('fa4', 0.01555), ('vllm_fa4', 0.01618))),
-                (32, 8, 8, 16384, 1, (('sdpa_cudnn', 0.06679), ('fa2', 0.07201), ('sdpa_flash', 0.07432), ('vllm_fa3', 0.07597), ('vllm_fa4', 0.12687), ('fa4', 0.17556))),
-                (32, 8, 128, 1024, 1, (('sdpa_cudnn', 0.06637), ('vllm_fa3', 0.09509), ('fa4', 0.11158), ('fa2', 0.12409), ('sdpa_flash', 0.12549), ('vllm_fa4', 0.16459))),
-                (32, 8, 128, 8192, 1, (('sdpa_cudnn', 0.48691), ('vllm_fa3', 0.5314), ('fa4', 0.71376), ('sdpa_flash', 0.92856), ('fa2', 0.95244), ('vllm_fa4', 0.95899))),
+            ('decode', 'bfloat16', 64, 64, ('causal', 'gqa')): (
+                (
+                    32, 8, 8, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.00896), ('fa2', 0.01252), ('sdpa_flash', 0.01317), ('vllm_fa3', 0.01454),
+                        ('fa4', 0.01555), ('vllm_fa4', 0.01618),
+                    ),
+                ),
+                (
+                    32, 8, 8, 16384, 1,
+                    (
+                        ('sdpa_cudnn', 0.06679), ('fa2', 0.07201), ('sdpa_flash', 0.07432), ('vllm_fa3', 0.07597),
+                        ('vllm_fa4', 0.12687), ('fa4', 0.17556),
+                    ),
+                ),
+                (
+                    32, 8, 128, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.06637), ('vllm_fa3', 0.09509), ('fa4', 0.11158), ('fa2', 0.12409),
+                        ('sdpa_flash', 0.12549), ('vllm_fa4', 0.16459),
+                    ),
+                ),
+                (
+                    32, 8, 128, 8192, 1,
+                    (
+                        ('sdpa_cudnn', 0.48691), ('vllm_fa3', 0.5314), ('fa4', 0.71376), ('sdpa_flash', 0.92856),
+                        ('fa2', 0.95244), ('vllm_fa4', 0.95899),
+                    ),
+                ),
             ),
-            ('decode', 'bfloat16', 64, 64, 'causal+gqa+sinks'): (
+            ('decode', 'bfloat16', 64, 64, ('causal', 'gqa', 'sinks')): (
                 (32, 4, 8, 1024, 2, (('vllm_fa4', 0.0124), ('vllm_fa3', 0.01324), ('fa4', 0.01516))),
                 (32, 4, 8, 16384, 1, (('vllm_fa3', 0.04501), ('vllm_fa4', 0.06406), ('fa4', 0.17558))),
                 (32, 4, 128, 1024, 1, (('vllm_fa3', 0.0538), ('fa4', 0.05905), ('vllm_fa4', 0.08477))),
@@ -1583,7 +8428,7 @@ DATA = {
                 (64, 8, 128, 1024, 1, (('vllm_fa3', 0.0957), ('fa4', 0.11751), ('vllm_fa4', 0.15757))),
                 (64, 8, 128, 8192, 1, (('vllm_fa3', 0.53319), ('fa4', 0.7177), ('vllm_fa4', 0.9188))),
             ),
-            ('decode', 'bfloat16', 64, 64, 'causal+gqa+sinks+sliding_window'): (
+            ('decode', 'bfloat16', 64, 64, ('causal', 'gqa', 'sinks', 'sliding_window')): (
                 (32, 4, 8, 1024, 1, (('fa4', 0.00741), ('vllm_fa3', 0.0116), ('vllm_fa4', 0.01213))),
                 (32, 4, 8, 16384, 1, (('fa4', 0.00728), ('vllm_fa4', 0.01152), ('vllm_fa3', 0.01168))),
                 (32, 4, 128, 1024, 1, (('fa4', 0.02687), ('vllm_fa3', 0.02896), ('vllm_fa4', 0.04227))),
@@ -1593,131 +8438,623 @@ DATA = {
                 (64, 8, 128, 1024, 2, (('vllm_fa3', 0.05296), ('fa4', 0.05487), ('vllm_fa4', 0.08127))),
                 (64, 8, 128, 8192, 2, (('fa4', 0.05259), ('vllm_fa3', 0.05303), ('vllm_fa4', 0.08603))),
             ),
-            ('decode', 'bfloat16', 96, 96, 'causal+sliding_window'): (
-                (32, 32, 8, 1024, 2, (('sdpa_cudnn', 0.03857), ('fa4', 0.04015), ('fa2', 0.0433), ('vllm_fa3', 0.04709), ('vllm_fa4', 0.05445), ('sdpa_efficient', 0.06702))),
-                (32, 32, 8, 16384, 1, (('fa4', 0.06904), ('vllm_fa3', 0.09048), ('vllm_fa4', 0.09205), ('fa2', 0.09396), ('sdpa_cudnn', 0.44212), ('sdpa_efficient', 0.91033))),
-                (32, 32, 128, 1024, 1, (('sdpa_cudnn', 0.39937), ('fa4', 0.55777), ('vllm_fa3', 0.5883), ('fa2', 0.64613), ('vllm_fa4', 0.75565), ('sdpa_efficient', 0.91844))),
-                (32, 32, 128, 8192, 1, (('fa4', 1.12752), ('vllm_fa3', 1.32289), ('vllm_fa4', 1.39745), ('fa2', 1.58148), ('sdpa_cudnn', 3.27195), ('sdpa_efficient', 7.1074))),
+            ('decode', 'bfloat16', 96, 96, ('causal', 'sliding_window')): (
+                (
+                    32, 32, 8, 1024, 2,
+                    (
+                        ('sdpa_cudnn', 0.03857), ('fa4', 0.04015), ('fa2', 0.0433), ('vllm_fa3', 0.04709),
+                        ('vllm_fa4', 0.05445), ('sdpa_efficient', 0.06702),
+                    ),
+                ),
+                (
+                    32, 32, 8, 16384, 1,
+                    (
+                        ('fa4', 0.06904), ('vllm_fa3', 0.09048), ('vllm_fa4', 0.09205), ('fa2', 0.09396),
+                        ('sdpa_cudnn', 0.44212), ('sdpa_efficient', 0.91033),
+                    ),
+                ),
+                (
+                    32, 32, 128, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.39937), ('fa4', 0.55777), ('vllm_fa3', 0.5883), ('fa2', 0.64613),
+                        ('vllm_fa4', 0.75565), ('sdpa_efficient', 0.91844),
+                    ),
+                ),
+                (
+                    32, 32, 128, 8192, 1,
+                    (
+                        ('fa4', 1.12752), ('vllm_fa3', 1.32289), ('vllm_fa4', 1.39745), ('fa2', 1.58148),
+                        ('sdpa_cudnn', 3.27195), ('sdpa_efficient', 7.1074),
+                    ),
+                ),
             ),
-            ('decode', 'bfloat16', 128, 128, 'causal+gqa'): (
-                (16, 1, 8, 1024, 1, (('sdpa_cudnn', 0.00814), ('fa2', 0.01078), ('vllm_fa4', 0.01095), ('sdpa_flash', 0.01144), ('vllm_fa3', 0.01269), ('fa4', 0.01631))),
-                (16, 1, 8, 16384, 1, (('sdpa_cudnn', 0.02556), ('vllm_fa4', 0.02868), ('vllm_fa3', 0.0293), ('fa2', 0.03218), ('sdpa_flash', 0.03268), ('fa4', 0.17752))),
-                (16, 1, 128, 1024, 2, (('sdpa_cudnn', 0.02128), ('fa4', 0.02137), ('fa2', 0.02647), ('sdpa_flash', 0.02694), ('vllm_fa4', 0.02775), ('vllm_fa3', 0.02823))),
-                (16, 1, 128, 8192, 4, (('sdpa_cudnn', 0.12572), ('fa4', 0.12634), ('fa2', 0.13103), ('sdpa_flash', 0.1317), ('vllm_fa3', 0.1357), ('vllm_fa4', 0.14368))),
-                (16, 2, 8, 1024, 1, (('sdpa_cudnn', 0.00854), ('fa2', 0.01115), ('vllm_fa4', 0.01145), ('sdpa_flash', 0.01173), ('vllm_fa3', 0.01322), ('fa4', 0.01564))),
-                (16, 2, 8, 16384, 1, (('sdpa_cudnn', 0.03923), ('vllm_fa3', 0.04372), ('vllm_fa4', 0.04429), ('fa2', 0.04491), ('sdpa_flash', 0.04587), ('fa4', 0.17463))),
-                (16, 2, 128, 1024, 2, (('sdpa_cudnn', 0.03633), ('fa4', 0.03811), ('vllm_fa3', 0.046), ('vllm_fa4', 0.04828), ('fa2', 0.05171), ('sdpa_flash', 0.05482))),
-                (16, 2, 128, 8192, 3, (('sdpa_cudnn', 0.2418), ('fa4', 0.24444), ('vllm_fa3', 0.25682), ('vllm_fa4', 0.3391), ('fa2', 0.3703), ('sdpa_flash', 0.39453))),
-                (16, 4, 8, 1024, 1, (('sdpa_cudnn', 0.01025), ('fa2', 0.01318), ('sdpa_flash', 0.01361), ('vllm_fa4', 0.01362), ('vllm_fa3', 0.0149), ('fa4', 0.01529))),
-                (16, 4, 8, 16384, 1, (('sdpa_cudnn', 0.06864), ('vllm_fa3', 0.07379), ('fa2', 0.07553), ('sdpa_flash', 0.0777), ('vllm_fa4', 0.07837), ('fa4', 0.17881))),
-                (16, 4, 128, 1024, 2, (('sdpa_cudnn', 0.06703), ('fa4', 0.0699), ('vllm_fa3', 0.07911), ('vllm_fa4', 0.09459), ('fa2', 0.09882), ('sdpa_flash', 0.10646))),
-                (16, 4, 128, 8192, 3, (('fa4', 0.4792), ('sdpa_cudnn', 0.48091), ('vllm_fa3', 0.49361), ('vllm_fa4', 0.58465), ('fa2', 0.76665), ('sdpa_flash', 0.81604))),
-                (16, 8, 8, 1024, 1, (('sdpa_cudnn', 0.01272), ('fa4', 0.01591), ('fa2', 0.01611), ('sdpa_flash', 0.01621), ('vllm_fa3', 0.01636), ('vllm_fa4', 0.01709))),
-                (16, 8, 8, 16384, 4, (('sdpa_cudnn', 0.12758), ('fa2', 0.12911), ('sdpa_flash', 0.12913), ('vllm_fa3', 0.13464), ('vllm_fa4', 0.14627), ('fa4', 0.17334))),
-                (16, 8, 128, 1024, 1, (('sdpa_cudnn', 0.12623), ('fa4', 0.13626), ('vllm_fa3', 0.14145), ('vllm_fa4', 0.17175), ('fa2', 0.19452), ('sdpa_flash', 0.20604))),
-                (16, 8, 128, 8192, 3, (('fa4', 0.94911), ('sdpa_cudnn', 0.96222), ('vllm_fa3', 0.96759), ('vllm_fa4', 1.1341), ('fa2', 1.64875), ('sdpa_flash', 1.79873))),
-                (28, 4, 8, 1024, 1, (('sdpa_cudnn', 0.01063), ('fa2', 0.01333), ('vllm_fa4', 0.01334), ('sdpa_flash', 0.01374), ('fa4', 0.01506), ('vllm_fa3', 0.01541))),
-                (28, 4, 8, 16384, 1, (('sdpa_cudnn', 0.06873), ('vllm_fa3', 0.07505), ('fa2', 0.07626), ('vllm_fa4', 0.07804), ('sdpa_flash', 0.07883), ('fa4', 0.19354))),
-                (28, 4, 128, 1024, 2, (('sdpa_cudnn', 0.06732), ('fa4', 0.07113), ('vllm_fa3', 0.0793), ('vllm_fa4', 0.09357), ('fa2', 0.09989), ('sdpa_flash', 0.10709))),
-                (28, 4, 128, 8192, 3, (('sdpa_cudnn', 0.48052), ('fa4', 0.48185), ('vllm_fa3', 0.49492), ('vllm_fa4', 0.59201), ('fa2', 0.75927), ('sdpa_flash', 0.79016))),
-                (32, 4, 8, 1024, 1, (('sdpa_cudnn', 0.01043), ('vllm_fa4', 0.01343), ('fa2', 0.01349), ('sdpa_flash', 0.01358), ('vllm_fa3', 0.01504), ('fa4', 0.01621))),
-                (32, 4, 8, 16384, 1, (('sdpa_cudnn', 0.06884), ('vllm_fa3', 0.07385), ('fa2', 0.07612), ('vllm_fa4', 0.07739), ('sdpa_flash', 0.07837), ('fa4', 0.17539))),
-                (32, 4, 128, 1024, 2, (('sdpa_cudnn', 0.06735), ('fa4', 0.07222), ('vllm_fa3', 0.07925), ('vllm_fa4', 0.09078), ('fa2', 0.09944), ('sdpa_flash', 0.10572))),
-                (32, 4, 128, 8192, 3, (('fa4', 0.48069), ('sdpa_cudnn', 0.4814), ('vllm_fa3', 0.49467), ('vllm_fa4', 0.56707), ('fa2', 0.75071), ('sdpa_flash', 0.87251))),
-                (32, 8, 8, 1024, 1, (('sdpa_cudnn', 0.01252), ('fa4', 0.01632), ('fa2', 0.01641), ('vllm_fa3', 0.01671), ('vllm_fa4', 0.01683), ('sdpa_flash', 0.01688))),
-                (32, 8, 8, 16384, 4, (('sdpa_cudnn', 0.12788), ('fa2', 0.12937), ('sdpa_flash', 0.12961), ('vllm_fa3', 0.13557), ('vllm_fa4', 0.14509), ('fa4', 0.17411))),
-                (32, 8, 128, 1024, 1, (('sdpa_cudnn', 0.12686), ('fa4', 0.13745), ('vllm_fa3', 0.14274), ('vllm_fa4', 0.17544), ('fa2', 0.19653), ('sdpa_flash', 0.21178))),
-                (32, 8, 128, 8192, 3, (('fa4', 0.95152), ('sdpa_cudnn', 0.9649), ('vllm_fa3', 0.96978), ('vllm_fa4', 1.16243), ('fa2', 1.69475), ('sdpa_flash', 1.8308))),
+            ('decode', 'bfloat16', 128, 128, ('causal', 'gqa')): (
+                (
+                    16, 1, 8, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.00814), ('fa2', 0.01078), ('vllm_fa4', 0.01095), ('sdpa_flash', 0.01144),
+                        ('vllm_fa3', 0.01269), ('fa4', 0.01631),
+                    ),
+                ),
+                (
+                    16, 1, 8, 16384, 1,
+                    (
+                        ('sdpa_cudnn', 0.02556), ('vllm_fa4', 0.02868), ('vllm_fa3', 0.0293), ('fa2', 0.03218),
+                        ('sdpa_flash', 0.03268), ('fa4', 0.17752),
+                    ),
+                ),
+                (
+                    16, 1, 128, 1024, 2,
+                    (
+                        ('sdpa_cudnn', 0.02128), ('fa4', 0.02137), ('fa2', 0.02647), ('sdpa_flash', 0.02694),
+                        ('vllm_fa4', 0.02775), ('vllm_fa3', 0.02823),
+                    ),
+                ),
+                (
+                    16, 1, 128, 8192, 4,
+                    (
+                        ('sdpa_cudnn', 0.12572), ('fa4', 0.12634), ('fa2', 0.13103), ('sdpa_flash', 0.1317),
+                        ('vllm_fa3', 0.1357), ('vllm_fa4', 0.14368),
+                    ),
+                ),
+                (
+                    16, 2, 8, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.00854), ('fa2', 0.01115), ('vllm_fa4', 0.01145), ('sdpa_flash', 0.01173),
+                        ('vllm_fa3', 0.01322), ('fa4', 0.01564),
+                    ),
+                ),
+                (
+                    16, 2, 8, 16384, 1,
+                    (
+                        ('sdpa_cudnn', 0.03923), ('vllm_fa3', 0.04372), ('vllm_fa4', 0.04429), ('fa2', 0.04491),
+                        ('sdpa_flash', 0.04587), ('fa4', 0.17463),
+                    ),
+                ),
+                (
+                    16, 2, 128, 1024, 2,
+                    (
+                        ('sdpa_cudnn', 0.03633), ('fa4', 0.03811), ('vllm_fa3', 0.046), ('vllm_fa4', 0.04828),
+                        ('fa2', 0.05171), ('sdpa_flash', 0.05482),
+                    ),
+                ),
+                (
+                    16, 2, 128, 8192, 3,
+                    (
+                        ('sdpa_cudnn', 0.2418), ('fa4', 0.24444), ('vllm_fa3', 0.25682), ('vllm_fa4', 0.3391),
+                        ('fa2', 0.3703), ('sdpa_flash', 0.39453),
+                    ),
+                ),
+                (
+                    16, 4, 8, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.01025), ('fa2', 0.01318), ('sdpa_flash', 0.01361), ('vllm_fa4', 0.01362),
+                        ('vllm_fa3', 0.0149), ('fa4', 0.01529),
+                    ),
+                ),
+                (
+                    16, 4, 8, 16384, 1,
+                    (
+                        ('sdpa_cudnn', 0.06864), ('vllm_fa3', 0.07379), ('fa2', 0.07553), ('sdpa_flash', 0.0777),
+                        ('vllm_fa4', 0.07837), ('fa4', 0.17881),
+                    ),
+                ),
+                (
+                    16, 4, 128, 1024, 2,
+                    (
+                        ('sdpa_cudnn', 0.06703), ('fa4', 0.0699), ('vllm_fa3', 0.07911), ('vllm_fa4', 0.09459),
+                        ('fa2', 0.09882), ('sdpa_flash', 0.10646),
+                    ),
+                ),
+                (
+                    16, 4, 128, 8192, 3,
+                    (
+                        ('fa4', 0.4792), ('sdpa_cudnn', 0.48091), ('vllm_fa3', 0.49361), ('vllm_fa4', 0.58465),
+                        ('fa2', 0.76665), ('sdpa_flash', 0.81604),
+                    ),
+                ),
+                (
+                    16, 8, 8, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.01272), ('fa4', 0.01591), ('fa2', 0.01611), ('sdpa_flash', 0.01621),
+                        ('vllm_fa3', 0.01636), ('vllm_fa4', 0.01709),
+                    ),
+                ),
+                (
+                    16, 8, 8, 16384, 4,
+                    (
+                        ('sdpa_cudnn', 0.12758), ('fa2', 0.12911), ('sdpa_flash', 0.12913), ('vllm_fa3', 0.13464),
+                        ('vllm_fa4', 0.14627), ('fa4', 0.17334),
+                    ),
+                ),
+                (
+                    16, 8, 128, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.12623), ('fa4', 0.13626), ('vllm_fa3', 0.14145), ('vllm_fa4', 0.17175),
+                        ('fa2', 0.19452), ('sdpa_flash', 0.20604),
+                    ),
+                ),
+                (
+                    16, 8, 128, 8192, 3,
+                    (
+                        ('fa4', 0.94911), ('sdpa_cudnn', 0.96222), ('vllm_fa3', 0.96759), ('vllm_fa4', 1.1341),
+                        ('fa2', 1.64875), ('sdpa_flash', 1.79873),
+                    ),
+                ),
+                (
+                    28, 4, 8, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.01063), ('fa2', 0.01333), ('vllm_fa4', 0.01334), ('sdpa_flash', 0.01374),
+                        ('fa4', 0.01506), ('vllm_fa3', 0.01541),
+                    ),
+                ),
+                (
+                    28, 4, 8, 16384, 1,
+                    (
+                        ('sdpa_cudnn', 0.06873), ('vllm_fa3', 0.07505), ('fa2', 0.07626), ('vllm_fa4', 0.07804),
+                        ('sdpa_flash', 0.07883), ('fa4', 0.19354),
+                    ),
+                ),
+                (
+                    28, 4, 128, 1024, 2,
+                    (
+                        ('sdpa_cudnn', 0.06732), ('fa4', 0.07113), ('vllm_fa3', 0.0793), ('vllm_fa4', 0.09357),
+                        ('fa2', 0.09989), ('sdpa_flash', 0.10709),
+                    ),
+                ),
+                (
+                    28, 4, 128, 8192, 3,
+                    (
+                        ('sdpa_cudnn', 0.48052), ('fa4', 0.48185), ('vllm_fa3', 0.49492), ('vllm_fa4', 0.59201),
+                        ('fa2', 0.75927), ('sdpa_flash', 0.79016),
+                    ),
+                ),
+                (
+                    32, 4, 8, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.01043), ('vllm_fa4', 0.01343), ('fa2', 0.01349), ('sdpa_flash', 0.01358),
+                        ('vllm_fa3', 0.01504), ('fa4', 0.01621),
+                    ),
+                ),
+                (
+                    32, 4, 8, 16384, 1,
+                    (
+                        ('sdpa_cudnn', 0.06884), ('vllm_fa3', 0.07385), ('fa2', 0.07612), ('vllm_fa4', 0.07739),
+                        ('sdpa_flash', 0.07837), ('fa4', 0.17539),
+                    ),
+                ),
+                (
+                    32, 4, 128, 1024, 2,
+                    (
+                        ('sdpa_cudnn', 0.06735), ('fa4', 0.07222), ('vllm_fa3', 0.07925), ('vllm_fa4', 0.09078),
+                        ('fa2', 0.09944), ('sdpa_flash', 0.10572),
+                    ),
+                ),
+                (
+                    32, 4, 128, 8192, 3,
+                    (
+                        ('fa4', 0.48069), ('sdpa_cudnn', 0.4814), ('vllm_fa3', 0.49467), ('vllm_fa4', 0.56707),
+                        ('fa2', 0.75071), ('sdpa_flash', 0.87251),
+                    ),
+                ),
+                (
+                    32, 8, 8, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.01252), ('fa4', 0.01632), ('fa2', 0.01641), ('vllm_fa3', 0.01671),
+                        ('vllm_fa4', 0.01683), ('sdpa_flash', 0.01688),
+                    ),
+                ),
+                (
+                    32, 8, 8, 16384, 4,
+                    (
+                        ('sdpa_cudnn', 0.12788), ('fa2', 0.12937), ('sdpa_flash', 0.12961), ('vllm_fa3', 0.13557),
+                        ('vllm_fa4', 0.14509), ('fa4', 0.17411),
+                    ),
+                ),
+                (
+                    32, 8, 128, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.12686), ('fa4', 0.13745), ('vllm_fa3', 0.14274), ('vllm_fa4', 0.17544),
+                        ('fa2', 0.19653), ('sdpa_flash', 0.21178),
+                    ),
+                ),
+                (
+                    32, 8, 128, 8192, 3,
+                    (
+                        ('fa4', 0.95152), ('sdpa_cudnn', 0.9649), ('vllm_fa3', 0.96978), ('vllm_fa4', 1.16243),
+                        ('fa2', 1.69475), ('sdpa_flash', 1.8308),
+                    ),
+                ),
             ),
-            ('decode', 'bfloat16', 128, 128, 'causal+gqa+sliding_window'): (
-                (16, 8, 8, 1024, 1, (('vllm_fa3', 0.01631), ('fa4', 0.01779), ('vllm_fa4', 0.01793), ('sdpa_cudnn', 0.01845), ('fa2', 0.02168))),
-                (16, 8, 8, 16384, 2, (('fa4', 0.01933), ('vllm_fa4', 0.02034), ('vllm_fa3', 0.02155), ('fa2', 0.03938), ('sdpa_cudnn', 0.13418))),
-                (16, 8, 128, 1024, 3, (('sdpa_cudnn', 0.13203), ('fa4', 0.13543), ('vllm_fa3', 0.14111), ('vllm_fa4', 0.18204), ('fa2', 0.39249))),
-                (16, 8, 128, 8192, 1, (('fa4', 0.1507), ('vllm_fa3', 0.17866), ('vllm_fa4', 0.2137), ('fa2', 0.48631), ('sdpa_cudnn', 0.97305))),
-                (32, 8, 8, 1024, 2, (('vllm_fa3', 0.01647), ('fa4', 0.01691), ('vllm_fa4', 0.01801), ('sdpa_cudnn', 0.01866), ('fa2', 0.05411))),
-                (32, 8, 8, 16384, 2, (('vllm_fa3', 0.0479), ('vllm_fa4', 0.04905), ('fa4', 0.05275), ('sdpa_cudnn', 0.13465), ('fa2', 0.22645))),
-                (32, 8, 128, 1024, 3, (('sdpa_cudnn', 0.13323), ('fa4', 0.13907), ('vllm_fa3', 0.14222), ('vllm_fa4', 0.18966), ('fa2', 0.80881))),
-                (32, 8, 128, 8192, 1, (('fa4', 0.50584), ('vllm_fa3', 0.57591), ('vllm_fa4', 0.63342), ('sdpa_cudnn', 0.97167), ('fa2', 4.10464))),
-                (40, 10, 8, 1024, 1, (('fa4', 0.01718), ('sdpa_cudnn', 0.02124), ('vllm_fa4', 0.02143), ('vllm_fa3', 0.02384), ('fa2', 0.08336))),
-                (40, 10, 8, 16384, 1, (('fa4', 0.02762), ('vllm_fa4', 0.03889), ('vllm_fa3', 0.04817), ('fa2', 0.18811), ('sdpa_cudnn', 0.19847))),
-                (40, 10, 128, 1024, 3, (('sdpa_cudnn', 0.16313), ('fa4', 0.17224), ('vllm_fa3', 0.17469), ('vllm_fa4', 0.23692), ('fa2', 1.02174))),
-                (40, 10, 128, 8192, 1, (('fa4', 0.31574), ('vllm_fa3', 0.37593), ('vllm_fa4', 0.40129), ('sdpa_cudnn', 1.20445), ('fa2', 2.58951))),
+            ('decode', 'bfloat16', 128, 128, ('causal', 'gqa', 'sliding_window')): (
+                (
+                    16, 8, 8, 1024, 1,
+                    (
+                        ('vllm_fa3', 0.01631), ('fa4', 0.01779), ('vllm_fa4', 0.01793), ('sdpa_cudnn', 0.01845),
+                        ('fa2', 0.02168),
+                    ),
+                ),
+                (
+                    16, 8, 8, 16384, 2,
+                    (
+                        ('fa4', 0.01933), ('vllm_fa4', 0.02034), ('vllm_fa3', 0.02155), ('fa2', 0.03938),
+                        ('sdpa_cudnn', 0.13418),
+                    ),
+                ),
+                (
+                    16, 8, 128, 1024, 3,
+                    (
+                        ('sdpa_cudnn', 0.13203), ('fa4', 0.13543), ('vllm_fa3', 0.14111), ('vllm_fa4', 0.18204),
+                        ('fa2', 0.39249),
+                    ),
+                ),
+                (
+                    16, 8, 128, 8192, 1,
+                    (
+                        ('fa4', 0.1507), ('vllm_fa3', 0.17866), ('vllm_fa4', 0.2137), ('fa2', 0.48631),
+                        ('sdpa_cudnn', 0.97305),
+                    ),
+                ),
+                (
+                    32, 8, 8, 1024, 2,
+                    (
+                        ('vllm_fa3', 0.01647), ('fa4', 0.01691), ('vllm_fa4', 0.01801), ('sdpa_cudnn', 0.01866),
+                        ('fa2', 0.05411),
+                    ),
+                ),
+                (
+                    32, 8, 8, 16384, 2,
+                    (
+                        ('vllm_fa3', 0.0479), ('vllm_fa4', 0.04905), ('fa4', 0.05275), ('sdpa_cudnn', 0.13465),
+                        ('fa2', 0.22645),
+                    ),
+                ),
+                (
+                    32, 8, 128, 1024, 3,
+                    (
+                        ('sdpa_cudnn', 0.13323), ('fa4', 0.13907), ('vllm_fa3', 0.14222), ('vllm_fa4', 0.18966),
+                        ('fa2', 0.80881),
+                    ),
+                ),
+                (
+                    32, 8, 128, 8192, 1,
+                    (
+                        ('fa4', 0.50584), ('vllm_fa3', 0.57591), ('vllm_fa4', 0.63342), ('sdpa_cudnn', 0.97167),
+                        ('fa2', 4.10464),
+                    ),
+                ),
+                (
+                    40, 10, 8, 1024, 1,
+                    (
+                        ('fa4', 0.01718), ('sdpa_cudnn', 0.02124), ('vllm_fa4', 0.02143), ('vllm_fa3', 0.02384),
+                        ('fa2', 0.08336),
+                    ),
+                ),
+                (
+                    40, 10, 8, 16384, 1,
+                    (
+                        ('fa4', 0.02762), ('vllm_fa4', 0.03889), ('vllm_fa3', 0.04817), ('fa2', 0.18811),
+                        ('sdpa_cudnn', 0.19847),
+                    ),
+                ),
+                (
+                    40, 10, 128, 1024, 3,
+                    (
+                        ('sdpa_cudnn', 0.16313), ('fa4', 0.17224), ('vllm_fa3', 0.17469), ('vllm_fa4', 0.23692),
+                        ('fa2', 1.02174),
+                    ),
+                ),
+                (
+                    40, 10, 128, 8192, 1,
+                    (
+                        ('fa4', 0.31574), ('vllm_fa3', 0.37593), ('vllm_fa4', 0.40129), ('sdpa_cudnn', 1.20445),
+                        ('fa2', 2.58951),
+                    ),
+                ),
             ),
-            ('decode', 'bfloat16', 128, 128, 'causal+gqa+sliding_window+softcap'): (
+            ('decode', 'bfloat16', 128, 128, ('causal', 'gqa', 'sliding_window', 'softcap')): (
                 (16, 8, 8, 1024, 1, (('vllm_fa3', 0.01675), ('fa2', 0.0225), ('vllm_fa4', 0.05708), ('fa4', 0.09849))),
-                (16, 8, 8, 16384, 1, (('vllm_fa3', 0.04926), ('fa2', 0.13656), ('vllm_fa4', 0.21202), ('fa4', 0.41233))),
-                (16, 8, 128, 1024, 1, (('vllm_fa3', 0.14197), ('fa2', 0.46761), ('vllm_fa4', 0.58587), ('fa4', 0.77651))),
-                (16, 8, 128, 8192, 1, (('vllm_fa3', 0.59732), ('fa2', 2.13175), ('vllm_fa4', 2.16339), ('fa4', 3.0381))),
+                (
+                    16, 8, 8, 16384, 1,
+                    (('vllm_fa3', 0.04926), ('fa2', 0.13656), ('vllm_fa4', 0.21202), ('fa4', 0.41233)),
+                ),
+                (
+                    16, 8, 128, 1024, 1,
+                    (('vllm_fa3', 0.14197), ('fa2', 0.46761), ('vllm_fa4', 0.58587), ('fa4', 0.77651)),
+                ),
+                (
+                    16, 8, 128, 8192, 1,
+                    (('vllm_fa3', 0.59732), ('fa2', 2.13175), ('vllm_fa4', 2.16339), ('fa4', 3.0381)),
+                ),
             ),
-            ('decode', 'bfloat16', 128, 128, 'causal+gqa+softcap'): (
+            ('decode', 'bfloat16', 128, 128, ('causal', 'gqa', 'softcap')): (
                 (16, 8, 8, 1024, 2, (('fa2', 0.01636), ('vllm_fa3', 0.01692), ('vllm_fa4', 0.05448), ('fa4', 0.09305))),
-                (16, 8, 8, 16384, 2, (('fa2', 0.13068), ('vllm_fa3', 0.13471), ('vllm_fa4', 0.80641), ('fa4', 1.49962))),
-                (16, 8, 128, 1024, 1, (('vllm_fa3', 0.14208), ('fa2', 0.23198), ('vllm_fa4', 0.60183), ('fa4', 0.77911))),
-                (16, 8, 128, 8192, 1, (('vllm_fa3', 0.97047), ('fa2', 1.97289), ('vllm_fa4', 4.03256), ('fa4', 5.9571))),
+                (
+                    16, 8, 8, 16384, 2,
+                    (('fa2', 0.13068), ('vllm_fa3', 0.13471), ('vllm_fa4', 0.80641), ('fa4', 1.49962)),
+                ),
+                (
+                    16, 8, 128, 1024, 1,
+                    (('vllm_fa3', 0.14208), ('fa2', 0.23198), ('vllm_fa4', 0.60183), ('fa4', 0.77911)),
+                ),
+                (
+                    16, 8, 128, 8192, 1,
+                    (('vllm_fa3', 0.97047), ('fa2', 1.97289), ('vllm_fa4', 4.03256), ('fa4', 5.9571)),
+                ),
             ),
-            ('decode', 'bfloat16', 256, 256, 'causal+gqa'): (
-                (4, 1, 8, 1024, 1, (('sdpa_cudnn', 0.01039), ('fa2', 0.0131), ('vllm_fa4', 0.01311), ('sdpa_flash', 0.01318), ('vllm_fa3', 0.01741), ('fa4', 0.02454))),
-                (4, 1, 8, 16384, 1, (('vllm_fa4', 0.04531), ('fa2', 0.04897), ('sdpa_flash', 0.04902), ('vllm_fa3', 0.0507), ('sdpa_cudnn', 0.05365), ('fa4', 0.30006))),
-                (4, 1, 128, 1024, 1, (('fa4', 0.03717), ('fa2', 0.04192), ('sdpa_flash', 0.04229), ('sdpa_cudnn', 0.04484), ('vllm_fa4', 0.04485), ('vllm_fa3', 0.04513))),
-                (4, 1, 128, 8192, 5, (('fa4', 0.24674), ('fa2', 0.24902), ('sdpa_flash', 0.24957), ('vllm_fa3', 0.25953), ('vllm_fa4', 0.26421), ('sdpa_cudnn', 0.30233))),
-                (16, 8, 8, 1024, 2, (('fa2', 0.0264), ('sdpa_flash', 0.02669), ('fa4', 0.02937), ('vllm_fa4', 0.02981), ('vllm_fa3', 0.03061), ('sdpa_cudnn', 0.0323))),
-                (16, 8, 8, 16384, 4, (('fa2', 0.24766), ('sdpa_flash', 0.24799), ('vllm_fa3', 0.25348), ('vllm_fa4', 0.26414), ('fa4', 0.31485), ('sdpa_cudnn', 0.33335))),
-                (16, 8, 128, 1024, 3, (('fa2', 0.2546), ('fa4', 0.2575), ('sdpa_flash', 0.25826), ('vllm_fa3', 0.27473), ('vllm_fa4', 0.2893), ('sdpa_cudnn', 0.32361))),
-                (16, 8, 128, 8192, 2, (('fa4', 1.93873), ('vllm_fa3', 2.00239), ('vllm_fa4', 2.25179), ('fa2', 2.41759), ('sdpa_cudnn', 2.44907), ('sdpa_flash', 2.46522))),
+            ('decode', 'bfloat16', 256, 256, ('causal', 'gqa')): (
+                (
+                    4, 1, 8, 1024, 1,
+                    (
+                        ('sdpa_cudnn', 0.01039), ('fa2', 0.0131), ('vllm_fa4', 0.01311), ('sdpa_flash', 0.01318),
+                        ('vllm_fa3', 0.01741), ('fa4', 0.02454),
+                    ),
+                ),
+                (
+                    4, 1, 8, 16384, 1,
+                    (
+                        ('vllm_fa4', 0.04531), ('fa2', 0.04897), ('sdpa_flash', 0.04902), ('vllm_fa3', 0.0507),
+                        ('sdpa_cudnn', 0.05365), ('fa4', 0.30006),
+                    ),
+                ),
+                (
+                    4, 1, 128, 1024, 1,
+                    (
+                        ('fa4', 0.03717), ('fa2', 0.04192), ('sdpa_flash', 0.04229), ('sdpa_cudnn', 0.04484),
+                        ('vllm_fa4', 0.04485), ('vllm_fa3', 0.04513),
+                    ),
+                ),
+                (
+                    4, 1, 128, 8192, 5,
+                    (
+                        ('fa4', 0.24674), ('fa2', 0.24902), ('sdpa_flash', 0.24957), ('vllm_fa3', 0.25953),
+                        ('vllm_fa4', 0.26421), ('sdpa_cudnn', 0.30233),
+                    ),
+                ),
+                (
+                    16, 8, 8, 1024, 2,
+                    (
+                        ('fa2', 0.0264), ('sdpa_flash', 0.02669), ('fa4', 0.02937), ('vllm_fa4', 0.02981),
+                        ('vllm_fa3', 0.03061), ('sdpa_cudnn', 0.0323),
+                    ),
+                ),
+                (
+                    16, 8, 8, 16384, 4,
+                    (
+                        ('fa2', 0.24766), ('sdpa_flash', 0.24799), ('vllm_fa3', 0.25348), ('vllm_fa4', 0.26414),
+                        ('fa4', 0.31485), ('sdpa_cudnn', 0.33335),
+                    ),
+                ),
+                (
+                    16, 8, 128, 1024, 3,
+                    (
+                        ('fa2', 0.2546), ('fa4', 0.2575), ('sdpa_flash', 0.25826), ('vllm_fa3', 0.27473),
+                        ('vllm_fa4', 0.2893), ('sdpa_cudnn', 0.32361),
+                    ),
+                ),
+                (
+                    16, 8, 128, 8192, 2,
+                    (
+                        ('fa4', 1.93873), ('vllm_fa3', 2.00239), ('vllm_fa4', 2.25179), ('fa2', 2.41759),
+                        ('sdpa_cudnn', 2.44907), ('sdpa_flash', 2.46522),
+                    ),
+                ),
             ),
-            ('decode', 'bfloat16', 256, 256, 'causal+gqa+sliding_window'): (
-                (4, 1, 8, 1024, 2, (('vllm_fa4', 0.01414), ('sdpa_cudnn', 0.01506), ('vllm_fa3', 0.01527), ('fa2', 0.01643), ('fa4', 0.01655))),
-                (4, 1, 8, 16384, 2, (('vllm_fa3', 0.01347), ('vllm_fa4', 0.01362), ('fa4', 0.01641), ('fa2', 0.03844), ('sdpa_cudnn', 0.05979))),
-                (4, 1, 128, 1024, 1, (('fa4', 0.02403), ('vllm_fa4', 0.0305), ('vllm_fa3', 0.03075), ('sdpa_cudnn', 0.05143), ('fa2', 0.06609))),
-                (4, 1, 128, 8192, 1, (('fa4', 0.02416), ('vllm_fa4', 0.03046), ('vllm_fa3', 0.03097), ('fa2', 0.06604), ('sdpa_cudnn', 0.31491))),
-                (16, 8, 8, 1024, 2, (('fa4', 0.0274), ('vllm_fa4', 0.02934), ('vllm_fa3', 0.02987), ('fa2', 0.03684), ('sdpa_cudnn', 0.03768))),
-                (16, 8, 8, 16384, 3, (('vllm_fa3', 0.02985), ('fa4', 0.03021), ('vllm_fa4', 0.03183), ('fa2', 0.06655), ('sdpa_cudnn', 0.34571))),
-                (16, 8, 128, 1024, 1, (('fa4', 0.25494), ('vllm_fa3', 0.275), ('vllm_fa4', 0.30395), ('sdpa_cudnn', 0.33246), ('fa2', 0.46215))),
-                (16, 8, 128, 8192, 1, (('fa4', 0.269), ('vllm_fa3', 0.31309), ('vllm_fa4', 0.32978), ('fa2', 0.49995), ('sdpa_cudnn', 2.51199))),
+            ('decode', 'bfloat16', 256, 256, ('causal', 'gqa', 'sliding_window')): (
+                (
+                    4, 1, 8, 1024, 2,
+                    (
+                        ('vllm_fa4', 0.01414), ('sdpa_cudnn', 0.01506), ('vllm_fa3', 0.01527), ('fa2', 0.01643),
+                        ('fa4', 0.01655),
+                    ),
+                ),
+                (
+                    4, 1, 8, 16384, 2,
+                    (
+                        ('vllm_fa3', 0.01347), ('vllm_fa4', 0.01362), ('fa4', 0.01641), ('fa2', 0.03844),
+                        ('sdpa_cudnn', 0.05979),
+                    ),
+                ),
+                (
+                    4, 1, 128, 1024, 1,
+                    (
+                        ('fa4', 0.02403), ('vllm_fa4', 0.0305), ('vllm_fa3', 0.03075), ('sdpa_cudnn', 0.05143),
+                        ('fa2', 0.06609),
+                    ),
+                ),
+                (
+                    4, 1, 128, 8192, 1,
+                    (
+                        ('fa4', 0.02416), ('vllm_fa4', 0.03046), ('vllm_fa3', 0.03097), ('fa2', 0.06604),
+                        ('sdpa_cudnn', 0.31491),
+                    ),
+                ),
+                (
+                    16, 8, 8, 1024, 2,
+                    (
+                        ('fa4', 0.0274), ('vllm_fa4', 0.02934), ('vllm_fa3', 0.02987), ('fa2', 0.03684),
+                        ('sdpa_cudnn', 0.03768),
+                    ),
+                ),
+                (
+                    16, 8, 8, 16384, 3,
+                    (
+                        ('vllm_fa3', 0.02985), ('fa4', 0.03021), ('vllm_fa4', 0.03183), ('fa2', 0.06655),
+                        ('sdpa_cudnn', 0.34571),
+                    ),
+                ),
+                (
+                    16, 8, 128, 1024, 1,
+                    (
+                        ('fa4', 0.25494), ('vllm_fa3', 0.275), ('vllm_fa4', 0.30395), ('sdpa_cudnn', 0.33246),
+                        ('fa2', 0.46215),
+                    ),
+                ),
+                (
+                    16, 8, 128, 8192, 1,
+                    (
+                        ('fa4', 0.269), ('vllm_fa3', 0.31309), ('vllm_fa4', 0.32978), ('fa2', 0.49995),
+                        ('sdpa_cudnn', 2.51199),
+                    ),
+                ),
             ),
-            ('decode', 'bfloat16', 256, 256, 'causal+gqa+sliding_window+softcap'): (
+            ('decode', 'bfloat16', 256, 256, ('causal', 'gqa', 'sliding_window', 'softcap')): (
                 (8, 4, 8, 1024, 1, (('vllm_fa3', 0.02087), ('fa2', 0.02336), ('vllm_fa4', 0.03802), ('fa4', 0.10816))),
                 (8, 4, 8, 16384, 1, (('vllm_fa3', 0.04716), ('vllm_fa4', 0.12485), ('fa2', 0.23119), ('fa4', 0.42592))),
                 (8, 4, 128, 1024, 1, (('vllm_fa3', 0.14566), ('fa2', 0.2279), ('vllm_fa4', 0.32903), ('fa4', 0.44059))),
                 (8, 4, 128, 8192, 1, (('vllm_fa3', 0.51497), ('fa2', 1.0366), ('vllm_fa4', 1.21522), ('fa4', 1.70403))),
                 (16, 8, 8, 1024, 1, (('vllm_fa3', 0.03044), ('fa2', 0.03871), ('vllm_fa4', 0.06612), ('fa4', 0.12107))),
                 (16, 8, 8, 16384, 1, (('vllm_fa3', 0.0768), ('vllm_fa4', 0.23251), ('fa2', 0.23616), ('fa4', 0.42013))),
-                (16, 8, 128, 1024, 1, (('vllm_fa3', 0.27581), ('fa2', 0.47425), ('vllm_fa4', 0.63794), ('fa4', 0.88282))),
-                (16, 8, 128, 8192, 1, (('vllm_fa3', 1.08685), ('vllm_fa4', 2.3889), ('fa2', 2.42696), ('fa4', 3.39161))),
+                (
+                    16, 8, 128, 1024, 1,
+                    (('vllm_fa3', 0.27581), ('fa2', 0.47425), ('vllm_fa4', 0.63794), ('fa4', 0.88282)),
+                ),
+                (
+                    16, 8, 128, 8192, 1,
+                    (('vllm_fa3', 1.08685), ('vllm_fa4', 2.3889), ('fa2', 2.42696), ('fa4', 3.39161)),
+                ),
             ),
-            ('decode', 'bfloat16', 256, 256, 'causal+gqa+softcap'): (
+            ('decode', 'bfloat16', 256, 256, ('causal', 'gqa', 'softcap')): (
                 (8, 4, 8, 1024, 1, (('fa2', 0.0181), ('vllm_fa3', 0.0201), ('vllm_fa4', 0.04339), ('fa4', 0.10988))),
                 (8, 4, 8, 16384, 2, (('vllm_fa3', 0.13563), ('fa2', 0.14287), ('vllm_fa4', 0.4286), ('fa4', 1.58329))),
-                (8, 4, 128, 1024, 1, (('fa2', 0.13004), ('vllm_fa3', 0.14552), ('vllm_fa4', 0.32088), ('fa4', 0.43507))),
+                (
+                    8, 4, 128, 1024, 1,
+                    (('fa2', 0.13004), ('vllm_fa3', 0.14552), ('vllm_fa4', 0.32088), ('fa4', 0.43507)),
+                ),
                 (8, 4, 128, 8192, 1, (('vllm_fa3', 0.9849), ('fa2', 1.06309), ('vllm_fa4', 2.30459), ('fa4', 3.25255))),
                 (16, 8, 8, 1024, 1, (('fa2', 0.02647), ('vllm_fa3', 0.03031), ('vllm_fa4', 0.08493), ('fa4', 0.11018))),
-                (16, 8, 8, 16384, 2, (('fa2', 0.24773), ('vllm_fa3', 0.25574), ('vllm_fa4', 0.83106), ('fa4', 1.58448))),
-                (16, 8, 128, 1024, 1, (('fa2', 0.25479), ('vllm_fa3', 0.27661), ('vllm_fa4', 0.63088), ('fa4', 0.87706))),
-                (16, 8, 128, 8192, 1, (('vllm_fa3', 2.04567), ('fa2', 2.49481), ('vllm_fa4', 4.55282), ('fa4', 6.51222))),
+                (
+                    16, 8, 8, 16384, 2,
+                    (('fa2', 0.24773), ('vllm_fa3', 0.25574), ('vllm_fa4', 0.83106), ('fa4', 1.58448)),
+                ),
+                (
+                    16, 8, 128, 1024, 1,
+                    (('fa2', 0.25479), ('vllm_fa3', 0.27661), ('vllm_fa4', 0.63088), ('fa4', 0.87706)),
+                ),
+                (
+                    16, 8, 128, 8192, 1,
+                    (('vllm_fa3', 2.04567), ('fa2', 2.49481), ('vllm_fa4', 4.55282), ('fa4', 6.51222)),
+                ),
             ),
-            ('mla_prefill', 'bfloat16', 192, 128, 'causal+qk_rope:64'): (
-                (8, 8, 1, 512, 1, (('fa4', 0.01107), ('vllm_fa4', 0.01453), ('sdpa_cudnn', 0.01592), ('vllm_fa3', 0.01797), ('sdpa_efficient', 0.02386))),
-                (8, 8, 1, 8192, 1, (('fa4', 0.22701), ('vllm_fa4', 0.27546), ('vllm_fa3', 0.28657), ('sdpa_cudnn', 0.35071), ('sdpa_efficient', 1.37716))),
-                (8, 8, 16, 512, 2, (('fa4', 0.04082), ('sdpa_cudnn', 0.04299), ('vllm_fa4', 0.05112), ('vllm_fa3', 0.06209), ('sdpa_efficient', 0.10698))),
-                (8, 8, 16, 4096, 1, (('fa4', 1.0355), ('sdpa_cudnn', 1.17316), ('vllm_fa3', 1.27971), ('vllm_fa4', 1.29733), ('sdpa_efficient', 4.90128))),
-                (16, 16, 1, 512, 1, (('fa4', 0.01214), ('sdpa_cudnn', 0.01431), ('vllm_fa4', 0.01462), ('vllm_fa3', 0.02108), ('sdpa_efficient', 0.0259))),
-                (16, 16, 1, 8192, 1, (('fa4', 0.44978), ('vllm_fa3', 0.55044), ('sdpa_cudnn', 0.60041), ('vllm_fa4', 0.72193), ('sdpa_efficient', 2.53516))),
-                (16, 16, 16, 512, 2, (('sdpa_cudnn', 0.07281), ('fa4', 0.07785), ('vllm_fa4', 0.10361), ('vllm_fa3', 0.11231), ('sdpa_efficient', 0.19734))),
-                (16, 16, 16, 4096, 1, (('fa4', 2.25547), ('sdpa_cudnn', 2.58957), ('vllm_fa3', 2.65712), ('vllm_fa4', 2.70049), ('sdpa_efficient', 9.78771))),
+            ('mla_prefill', 'bfloat16', 192, 128, ('causal', 'qk_rope:64')): (
+                (
+                    8, 8, 1, 512, 1,
+                    (
+                        ('fa4', 0.01107), ('vllm_fa4', 0.01453), ('sdpa_cudnn', 0.01592), ('vllm_fa3', 0.01797),
+                        ('sdpa_efficient', 0.02386),
+                    ),
+                ),
+                (
+                    8, 8, 1, 8192, 1,
+                    (
+                        ('fa4', 0.22701), ('vllm_fa4', 0.27546), ('vllm_fa3', 0.28657), ('sdpa_cudnn', 0.35071),
+                        ('sdpa_efficient', 1.37716),
+                    ),
+                ),
+                (
+                    8, 8, 16, 512, 2,
+                    (
+                        ('fa4', 0.04082), ('sdpa_cudnn', 0.04299), ('vllm_fa4', 0.05112), ('vllm_fa3', 0.06209),
+                        ('sdpa_efficient', 0.10698),
+                    ),
+                ),
+                (
+                    8, 8, 16, 4096, 1,
+                    (
+                        ('fa4', 1.0355), ('sdpa_cudnn', 1.17316), ('vllm_fa3', 1.27971), ('vllm_fa4', 1.29733),
+                        ('sdpa_efficient', 4.90128),
+                    ),
+                ),
+                (
+                    16, 16, 1, 512, 1,
+                    (
+                        ('fa4', 0.01214), ('sdpa_cudnn', 0.01431), ('vllm_fa4', 0.01462), ('vllm_fa3', 0.02108),
+                        ('sdpa_efficient', 0.0259),
+                    ),
+                ),
+                (
+                    16, 16, 1, 8192, 1,
+                    (
+                        ('fa4', 0.44978), ('vllm_fa3', 0.55044), ('sdpa_cudnn', 0.60041), ('vllm_fa4', 0.72193),
+                        ('sdpa_efficient', 2.53516),
+                    ),
+                ),
+                (
+                    16, 16, 16, 512, 2,
+                    (
+                        ('sdpa_cudnn', 0.07281), ('fa4', 0.07785), ('vllm_fa4', 0.10361), ('vllm_fa3', 0.11231),
+                        ('sdpa_efficient', 0.19734),
+                    ),
+                ),
+                (
+                    16, 16, 16, 4096, 1,
+                    (
+                        ('fa4', 2.25547), ('sdpa_cudnn', 2.58957), ('vllm_fa3', 2.65712), ('vllm_fa4', 2.70049),
+                        ('sdpa_efficient', 9.78771),
+                    ),
+                ),
             ),
-            ('mla_prefill', 'bfloat16', 256, 256, 'causal+qk_rope:64'): (
-                (20, 20, 1, 512, 1, (('fa4', 0.01763), ('sdpa_cudnn', 0.01891), ('vllm_fa4', 0.01971), ('fa2', 0.04354), ('vllm_fa3', 0.04391), ('sdpa_flash', 0.04437), ('sdpa_efficient', 0.05035))),
-                (20, 20, 1, 8192, 1, (('fa4', 0.89592), ('vllm_fa4', 1.0474), ('vllm_fa3', 1.05855), ('sdpa_cudnn', 1.08429), ('fa2', 2.23906), ('sdpa_flash', 2.35031), ('sdpa_efficient', 4.94113))),
-                (20, 20, 16, 512, 1, (('sdpa_cudnn', 0.1196), ('fa4', 0.14486), ('vllm_fa4', 0.16875), ('fa2', 0.18572), ('sdpa_flash', 0.19718), ('vllm_fa3', 0.20855), ('sdpa_efficient', 0.36401))),
-                (20, 20, 16, 4096, 2, (('fa4', 4.49777), ('sdpa_cudnn', 4.67689), ('vllm_fa3', 4.85694), ('vllm_fa4', 4.9563), ('fa2', 8.89398), ('sdpa_flash', 9.25149), ('sdpa_efficient', 19.39923))),
+            ('mla_prefill', 'bfloat16', 256, 256, ('causal', 'qk_rope:64')): (
+                (
+                    20, 20, 1, 512, 1,
+                    (
+                        ('fa4', 0.01763), ('sdpa_cudnn', 0.01891), ('vllm_fa4', 0.01971), ('fa2', 0.04354),
+                        ('vllm_fa3', 0.04391), ('sdpa_flash', 0.04437), ('sdpa_efficient', 0.05035),
+                    ),
+                ),
+                (
+                    20, 20, 1, 8192, 1,
+                    (
+                        ('fa4', 0.89592), ('vllm_fa4', 1.0474), ('vllm_fa3', 1.05855), ('sdpa_cudnn', 1.08429),
+                        ('fa2', 2.23906), ('sdpa_flash', 2.35031), ('sdpa_efficient', 4.94113),
+                    ),
+                ),
+                (
+                    20, 20, 16, 512, 1,
+                    (
+                        ('sdpa_cudnn', 0.1196), ('fa4', 0.14486), ('vllm_fa4', 0.16875), ('fa2', 0.18572),
+                        ('sdpa_flash', 0.19718), ('vllm_fa3', 0.20855), ('sdpa_efficient', 0.36401),
+                    ),
+                ),
+                (
+                    20, 20, 16, 4096, 2,
+                    (
+                        ('fa4', 4.49777), ('sdpa_cudnn', 4.67689), ('vllm_fa3', 4.85694), ('vllm_fa4', 4.9563),
+                        ('fa2', 8.89398), ('sdpa_flash', 9.25149), ('sdpa_efficient', 19.39923),
+                    ),
+                ),
             ),
-            ('prefill', 'bfloat16', 64, 64, 'causal+gqa'): (
-                (32, 8, 1, 512, 2, (('sdpa_cudnn', 0.01057), ('fa4', 0.01115), ('vllm_fa4', 0.01475), ('fa2', 0.01576), ('sdpa_flash', 0.0162), ('vllm_fa3', 0.01637))),
-                (32, 8, 1, 8192, 2, (('fa4', 0.53126), ('vllm_fa3', 0.56377), ('sdpa_cudnn', 0.62688), ('vllm_fa4', 0.65259), ('fa2', 1.00646), ('sdpa_flash', 1.01531))),
-                (32, 8, 16, 512, 1, (('sdpa_cudnn', 0.07006), ('fa4', 0.08386), ('vllm_fa3', 0.09316), ('fa2', 0.0964), ('vllm_fa4', 0.10567), ('sdpa_flash', 0.11457))),
-                (32, 8, 16, 4096, 1, (('fa4', 2.3641), ('vllm_fa3', 2.58915), ('sdpa_cudnn', 2.58997), ('vllm_fa4', 2.88016), ('fa2', 3.75446), ('sdpa_flash', 3.79568))),
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'gqa')): (
+                (
+                    32, 8, 1, 512, 2,
+                    (
+                        ('sdpa_cudnn', 0.01057), ('fa4', 0.01115), ('vllm_fa4', 0.01475), ('fa2', 0.01576),
+                        ('sdpa_flash', 0.0162), ('vllm_fa3', 0.01637),
+                    ),
+                ),
+                (
+                    32, 8, 1, 8192, 2,
+                    (
+                        ('fa4', 0.53126), ('vllm_fa3', 0.56377), ('sdpa_cudnn', 0.62688), ('vllm_fa4', 0.65259),
+                        ('fa2', 1.00646), ('sdpa_flash', 1.01531),
+                    ),
+                ),
+                (
+                    32, 8, 16, 512, 1,
+                    (
+                        ('sdpa_cudnn', 0.07006), ('fa4', 0.08386), ('vllm_fa3', 0.09316), ('fa2', 0.0964),
+                        ('vllm_fa4', 0.10567), ('sdpa_flash', 0.11457),
+                    ),
+                ),
+                (
+                    32, 8, 16, 4096, 1,
+                    (
+                        ('fa4', 2.3641), ('vllm_fa3', 2.58915), ('sdpa_cudnn', 2.58997), ('vllm_fa4', 2.88016),
+                        ('fa2', 3.75446), ('sdpa_flash', 3.79568),
+                    ),
+                ),
             ),
-            ('prefill', 'bfloat16', 64, 64, 'causal+gqa+sinks'): (
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'gqa', 'sinks')): (
                 (32, 4, 1, 512, 1, (('fa4', 0.01192), ('vllm_fa4', 0.01476), ('vllm_fa3', 0.01581))),
                 (32, 4, 1, 8192, 2, (('fa4', 0.5292), ('vllm_fa3', 0.56008), ('vllm_fa4', 0.63674))),
                 (32, 4, 16, 512, 1, (('fa4', 0.08338), ('vllm_fa3', 0.09441), ('vllm_fa4', 0.10645))),
@@ -1727,7 +9064,7 @@ DATA = {
                 (64, 8, 16, 512, 1, (('fa4', 0.16467), ('vllm_fa3', 0.18193), ('vllm_fa4', 0.23795))),
                 (64, 8, 16, 4096, 1, (('fa4', 4.74168), ('vllm_fa3', 5.08713), ('vllm_fa4', 5.65119))),
             ),
-            ('prefill', 'bfloat16', 64, 64, 'causal+gqa+sinks+sliding_window'): (
+            ('prefill', 'bfloat16', 64, 64, ('causal', 'gqa', 'sinks', 'sliding_window')): (
                 (32, 4, 1, 512, 1, (('fa4', 0.0112), ('vllm_fa4', 0.01207), ('vllm_fa3', 0.0142))),
                 (32, 4, 1, 8192, 2, (('fa4', 0.08072), ('vllm_fa3', 0.08102), ('vllm_fa4', 0.09645))),
                 (32, 4, 16, 512, 1, (('fa4', 0.0719), ('vllm_fa3', 0.08021), ('vllm_fa4', 0.09391))),
@@ -1737,89 +9074,452 @@ DATA = {
                 (64, 8, 16, 512, 2, (('fa4', 0.14109), ('vllm_fa3', 0.14683), ('vllm_fa4', 0.17873))),
                 (64, 8, 16, 4096, 2, (('vllm_fa3', 1.08232), ('fa4', 1.13427), ('vllm_fa4', 1.39272))),
             ),
-            ('prefill', 'bfloat16', 96, 96, 'causal+sliding_window'): (
-                (32, 32, 1, 512, 1, (('fa4', 0.01323), ('vllm_fa4', 0.01657), ('fa2', 0.01694), ('vllm_fa3', 0.01746), ('sdpa_cudnn', 0.02676), ('sdpa_efficient', 0.04426))),
-                (32, 32, 1, 8192, 1, (('fa4', 0.34568), ('vllm_fa4', 0.4028), ('vllm_fa3', 0.424), ('fa2', 0.70536), ('sdpa_cudnn', 3.44079), ('sdpa_efficient', 8.36365))),
-                (32, 32, 16, 512, 2, (('fa4', 0.11683), ('fa2', 0.1213), ('vllm_fa4', 0.14458), ('vllm_fa3', 0.1483), ('sdpa_cudnn', 0.24796), ('sdpa_efficient', 0.55522))),
-                (32, 32, 16, 4096, 1, (('fa4', 2.72909), ('vllm_fa3', 3.12218), ('vllm_fa4', 3.15773), ('fa2', 4.54978), ('sdpa_cudnn', 13.17302), ('sdpa_efficient', 32.53906))),
+            ('prefill', 'bfloat16', 96, 96, ('causal', 'sliding_window')): (
+                (
+                    32, 32, 1, 512, 1,
+                    (
+                        ('fa4', 0.01323), ('vllm_fa4', 0.01657), ('fa2', 0.01694), ('vllm_fa3', 0.01746),
+                        ('sdpa_cudnn', 0.02676), ('sdpa_efficient', 0.04426),
+                    ),
+                ),
+                (
+                    32, 32, 1, 8192, 1,
+                    (
+                        ('fa4', 0.34568), ('vllm_fa4', 0.4028), ('vllm_fa3', 0.424), ('fa2', 0.70536),
+                        ('sdpa_cudnn', 3.44079), ('sdpa_efficient', 8.36365),
+                    ),
+                ),
+                (
+                    32, 32, 16, 512, 2,
+                    (
+                        ('fa4', 0.11683), ('fa2', 0.1213), ('vllm_fa4', 0.14458), ('vllm_fa3', 0.1483),
+                        ('sdpa_cudnn', 0.24796), ('sdpa_efficient', 0.55522),
+                    ),
+                ),
+                (
+                    32, 32, 16, 4096, 1,
+                    (
+                        ('fa4', 2.72909), ('vllm_fa3', 3.12218), ('vllm_fa4', 3.15773), ('fa2', 4.54978),
+                        ('sdpa_cudnn', 13.17302), ('sdpa_efficient', 32.53906),
+                    ),
+                ),
             ),
-            ('prefill', 'bfloat16', 128, 128, 'causal+gqa'): (
-                (16, 1, 1, 512, 1, (('fa4', 0.01086), ('sdpa_cudnn', 0.01299), ('vllm_fa4', 0.0144), ('vllm_fa3', 0.01616), ('fa2', 0.02259), ('sdpa_flash', 0.0237))),
-                (16, 1, 1, 8192, 1, (('fa4', 0.39312), ('vllm_fa3', 0.43281), ('sdpa_cudnn', 0.48184), ('vllm_fa4', 0.49006), ('fa2', 0.8899), ('sdpa_flash', 0.97994))),
-                (16, 1, 16, 512, 1, (('sdpa_cudnn', 0.0546), ('fa4', 0.07088), ('vllm_fa3', 0.07265), ('vllm_fa4', 0.07923), ('fa2', 0.0862), ('sdpa_flash', 0.10042))),
-                (16, 1, 16, 4096, 3, (('fa4', 1.90769), ('vllm_fa3', 2.00598), ('sdpa_cudnn', 2.02792), ('vllm_fa4', 2.26262), ('fa2', 3.15081), ('sdpa_flash', 3.42688))),
-                (16, 2, 1, 512, 1, (('fa4', 0.01015), ('sdpa_cudnn', 0.01291), ('vllm_fa4', 0.01438), ('vllm_fa3', 0.01588), ('fa2', 0.02135), ('sdpa_flash', 0.02186))),
-                (16, 2, 1, 8192, 1, (('fa4', 0.39587), ('vllm_fa3', 0.43145), ('sdpa_cudnn', 0.48103), ('vllm_fa4', 0.51129), ('fa2', 0.90173), ('sdpa_flash', 0.9772))),
-                (16, 2, 16, 512, 1, (('sdpa_cudnn', 0.05535), ('fa4', 0.06316), ('vllm_fa3', 0.07125), ('vllm_fa4', 0.07597), ('fa2', 0.0863), ('sdpa_flash', 0.10038))),
-                (16, 2, 16, 4096, 1, (('fa4', 1.82058), ('vllm_fa3', 2.021), ('sdpa_cudnn', 2.04779), ('vllm_fa4', 2.20145), ('fa2', 3.12827), ('sdpa_flash', 3.43785))),
-                (16, 4, 1, 512, 1, (('fa4', 0.01004), ('sdpa_cudnn', 0.01296), ('vllm_fa4', 0.01329), ('vllm_fa3', 0.01778), ('sdpa_flash', 0.02121), ('fa2', 0.02209))),
-                (16, 4, 1, 8192, 1, (('fa4', 0.39033), ('vllm_fa3', 0.43358), ('sdpa_cudnn', 0.48252), ('vllm_fa4', 0.49056), ('fa2', 0.88252), ('sdpa_flash', 0.96544))),
-                (16, 4, 16, 512, 1, (('sdpa_cudnn', 0.05416), ('fa4', 0.06154), ('vllm_fa3', 0.06879), ('vllm_fa4', 0.07727), ('fa2', 0.08645), ('sdpa_flash', 0.10012))),
-                (16, 4, 16, 4096, 1, (('fa4', 1.90012), ('sdpa_cudnn', 2.03786), ('vllm_fa3', 2.06444), ('vllm_fa4', 2.2701), ('fa2', 3.14592), ('sdpa_flash', 3.44125))),
-                (16, 8, 1, 512, 1, (('fa4', 0.01027), ('sdpa_cudnn', 0.01302), ('vllm_fa4', 0.01345), ('vllm_fa3', 0.01593), ('fa2', 0.02016), ('sdpa_flash', 0.02213))),
-                (16, 8, 1, 8192, 1, (('fa4', 0.40957), ('vllm_fa3', 0.44514), ('sdpa_cudnn', 0.48174), ('vllm_fa4', 0.50716), ('fa2', 0.88062), ('sdpa_flash', 0.97012))),
-                (16, 8, 16, 512, 1, (('sdpa_cudnn', 0.05679), ('fa4', 0.0664), ('vllm_fa3', 0.07509), ('vllm_fa4', 0.0763), ('fa2', 0.08672), ('sdpa_flash', 0.10052))),
-                (16, 8, 16, 4096, 2, (('fa4', 1.91267), ('sdpa_cudnn', 2.04655), ('vllm_fa3', 2.13253), ('vllm_fa4', 2.31681), ('fa2', 3.16237), ('sdpa_flash', 3.43857))),
-                (28, 4, 1, 512, 1, (('fa4', 0.01117), ('sdpa_cudnn', 0.01389), ('vllm_fa4', 0.01401), ('vllm_fa3', 0.01661), ('fa2', 0.01982), ('sdpa_flash', 0.02252))),
-                (28, 4, 1, 8192, 1, (('fa4', 0.67644), ('vllm_fa3', 0.77461), ('sdpa_cudnn', 0.807), ('vllm_fa4', 0.88403), ('fa2', 1.40192), ('sdpa_flash', 1.55166))),
-                (28, 4, 16, 512, 1, (('sdpa_cudnn', 0.08844), ('fa4', 0.10614), ('vllm_fa3', 0.1254), ('vllm_fa4', 0.13411), ('fa2', 0.13801), ('sdpa_flash', 0.16372))),
-                (28, 4, 16, 4096, 2, (('fa4', 3.37565), ('sdpa_cudnn', 3.56459), ('vllm_fa3', 3.72548), ('vllm_fa4', 4.01156), ('fa2', 5.53026), ('sdpa_flash', 6.03665))),
-                (32, 4, 1, 512, 1, (('fa4', 0.01154), ('sdpa_cudnn', 0.0137), ('vllm_fa4', 0.01462), ('vllm_fa3', 0.01631), ('fa2', 0.01954), ('sdpa_flash', 0.02076))),
-                (32, 4, 1, 8192, 2, (('fa4', 0.84496), ('vllm_fa3', 0.86068), ('sdpa_cudnn', 0.94863), ('vllm_fa4', 1.01347), ('fa2', 1.57581), ('sdpa_flash', 1.72533))),
-                (32, 4, 16, 512, 1, (('sdpa_cudnn', 0.10375), ('fa4', 0.12276), ('vllm_fa3', 0.14541), ('fa2', 0.15596), ('vllm_fa4', 0.1614), ('sdpa_flash', 0.18452))),
-                (32, 4, 16, 4096, 3, (('fa4', 3.92921), ('sdpa_cudnn', 4.06751), ('vllm_fa3', 4.0964), ('vllm_fa4', 4.54512), ('fa2', 6.27216), ('sdpa_flash', 6.78779))),
-                (32, 8, 1, 512, 1, (('fa4', 0.01111), ('vllm_fa4', 0.01404), ('sdpa_cudnn', 0.01451), ('vllm_fa3', 0.0182), ('fa2', 0.01942), ('sdpa_flash', 0.02176))),
-                (32, 8, 1, 8192, 1, (('fa4', 0.78099), ('vllm_fa3', 0.87766), ('sdpa_cudnn', 0.96402), ('vllm_fa4', 1.05663), ('fa2', 1.57162), ('sdpa_flash', 1.73019))),
-                (32, 8, 16, 512, 1, (('sdpa_cudnn', 0.10263), ('fa4', 0.12882), ('vllm_fa3', 0.14021), ('fa2', 0.15832), ('vllm_fa4', 0.15941), ('sdpa_flash', 0.18546))),
-                (32, 8, 16, 4096, 3, (('fa4', 3.92119), ('sdpa_cudnn', 4.08643), ('vllm_fa3', 4.09781), ('vllm_fa4', 4.62401), ('fa2', 6.29307), ('sdpa_flash', 6.86847))),
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'gqa')): (
+                (
+                    16, 1, 1, 512, 1,
+                    (
+                        ('fa4', 0.01086), ('sdpa_cudnn', 0.01299), ('vllm_fa4', 0.0144), ('vllm_fa3', 0.01616),
+                        ('fa2', 0.02259), ('sdpa_flash', 0.0237),
+                    ),
+                ),
+                (
+                    16, 1, 1, 8192, 1,
+                    (
+                        ('fa4', 0.39312), ('vllm_fa3', 0.43281), ('sdpa_cudnn', 0.48184), ('vllm_fa4', 0.49006),
+                        ('fa2', 0.8899), ('sdpa_flash', 0.97994),
+                    ),
+                ),
+                (
+                    16, 1, 16, 512, 1,
+                    (
+                        ('sdpa_cudnn', 0.0546), ('fa4', 0.07088), ('vllm_fa3', 0.07265), ('vllm_fa4', 0.07923),
+                        ('fa2', 0.0862), ('sdpa_flash', 0.10042),
+                    ),
+                ),
+                (
+                    16, 1, 16, 4096, 3,
+                    (
+                        ('fa4', 1.90769), ('vllm_fa3', 2.00598), ('sdpa_cudnn', 2.02792), ('vllm_fa4', 2.26262),
+                        ('fa2', 3.15081), ('sdpa_flash', 3.42688),
+                    ),
+                ),
+                (
+                    16, 2, 1, 512, 1,
+                    (
+                        ('fa4', 0.01015), ('sdpa_cudnn', 0.01291), ('vllm_fa4', 0.01438), ('vllm_fa3', 0.01588),
+                        ('fa2', 0.02135), ('sdpa_flash', 0.02186),
+                    ),
+                ),
+                (
+                    16, 2, 1, 8192, 1,
+                    (
+                        ('fa4', 0.39587), ('vllm_fa3', 0.43145), ('sdpa_cudnn', 0.48103), ('vllm_fa4', 0.51129),
+                        ('fa2', 0.90173), ('sdpa_flash', 0.9772),
+                    ),
+                ),
+                (
+                    16, 2, 16, 512, 1,
+                    (
+                        ('sdpa_cudnn', 0.05535), ('fa4', 0.06316), ('vllm_fa3', 0.07125), ('vllm_fa4', 0.07597),
+                        ('fa2', 0.0863), ('sdpa_flash', 0.10038),
+                    ),
+                ),
+                (
+                    16, 2, 16, 4096, 1,
+                    (
+                        ('fa4', 1.82058), ('vllm_fa3', 2.021), ('sdpa_cudnn', 2.04779), ('vllm_fa4', 2.20145),
+                        ('fa2', 3.12827), ('sdpa_flash', 3.43785),
+                    ),
+                ),
+                (
+                    16, 4, 1, 512, 1,
+                    (
+                        ('fa4', 0.01004), ('sdpa_cudnn', 0.01296), ('vllm_fa4', 0.01329), ('vllm_fa3', 0.01778),
+                        ('sdpa_flash', 0.02121), ('fa2', 0.02209),
+                    ),
+                ),
+                (
+                    16, 4, 1, 8192, 1,
+                    (
+                        ('fa4', 0.39033), ('vllm_fa3', 0.43358), ('sdpa_cudnn', 0.48252), ('vllm_fa4', 0.49056),
+                        ('fa2', 0.88252), ('sdpa_flash', 0.96544),
+                    ),
+                ),
+                (
+                    16, 4, 16, 512, 1,
+                    (
+                        ('sdpa_cudnn', 0.05416), ('fa4', 0.06154), ('vllm_fa3', 0.06879), ('vllm_fa4', 0.07727),
+                        ('fa2', 0.08645), ('sdpa_flash', 0.10012),
+                    ),
+                ),
+                (
+                    16, 4, 16, 4096, 1,
+                    (
+                        ('fa4', 1.90012), ('sdpa_cudnn', 2.03786), ('vllm_fa3', 2.06444), ('vllm_fa4', 2.2701),
+                        ('fa2', 3.14592), ('sdpa_flash', 3.44125),
+                    ),
+                ),
+                (
+                    16, 8, 1, 512, 1,
+                    (
+                        ('fa4', 0.01027), ('sdpa_cudnn', 0.01302), ('vllm_fa4', 0.01345), ('vllm_fa3', 0.01593),
+                        ('fa2', 0.02016), ('sdpa_flash', 0.02213),
+                    ),
+                ),
+                (
+                    16, 8, 1, 8192, 1,
+                    (
+                        ('fa4', 0.40957), ('vllm_fa3', 0.44514), ('sdpa_cudnn', 0.48174), ('vllm_fa4', 0.50716),
+                        ('fa2', 0.88062), ('sdpa_flash', 0.97012),
+                    ),
+                ),
+                (
+                    16, 8, 16, 512, 1,
+                    (
+                        ('sdpa_cudnn', 0.05679), ('fa4', 0.0664), ('vllm_fa3', 0.07509), ('vllm_fa4', 0.0763),
+                        ('fa2', 0.08672), ('sdpa_flash', 0.10052),
+                    ),
+                ),
+                (
+                    16, 8, 16, 4096, 2,
+                    (
+                        ('fa4', 1.91267), ('sdpa_cudnn', 2.04655), ('vllm_fa3', 2.13253), ('vllm_fa4', 2.31681),
+                        ('fa2', 3.16237), ('sdpa_flash', 3.43857),
+                    ),
+                ),
+                (
+                    28, 4, 1, 512, 1,
+                    (
+                        ('fa4', 0.01117), ('sdpa_cudnn', 0.01389), ('vllm_fa4', 0.01401), ('vllm_fa3', 0.01661),
+                        ('fa2', 0.01982), ('sdpa_flash', 0.02252),
+                    ),
+                ),
+                (
+                    28, 4, 1, 8192, 1,
+                    (
+                        ('fa4', 0.67644), ('vllm_fa3', 0.77461), ('sdpa_cudnn', 0.807), ('vllm_fa4', 0.88403),
+                        ('fa2', 1.40192), ('sdpa_flash', 1.55166),
+                    ),
+                ),
+                (
+                    28, 4, 16, 512, 1,
+                    (
+                        ('sdpa_cudnn', 0.08844), ('fa4', 0.10614), ('vllm_fa3', 0.1254), ('vllm_fa4', 0.13411),
+                        ('fa2', 0.13801), ('sdpa_flash', 0.16372),
+                    ),
+                ),
+                (
+                    28, 4, 16, 4096, 2,
+                    (
+                        ('fa4', 3.37565), ('sdpa_cudnn', 3.56459), ('vllm_fa3', 3.72548), ('vllm_fa4', 4.01156),
+                        ('fa2', 5.53026), ('sdpa_flash', 6.03665),
+                    ),
+                ),
+                (
+                    32, 4, 1, 512, 1,
+                    (
+                        ('fa4', 0.01154), ('sdpa_cudnn', 0.0137), ('vllm_fa4', 0.01462), ('vllm_fa3', 0.01631),
+                        ('fa2', 0.01954), ('sdpa_flash', 0.02076),
+                    ),
+                ),
+                (
+                    32, 4, 1, 8192, 2,
+                    (
+                        ('fa4', 0.84496), ('vllm_fa3', 0.86068), ('sdpa_cudnn', 0.94863), ('vllm_fa4', 1.01347),
+                        ('fa2', 1.57581), ('sdpa_flash', 1.72533),
+                    ),
+                ),
+                (
+                    32, 4, 16, 512, 1,
+                    (
+                        ('sdpa_cudnn', 0.10375), ('fa4', 0.12276), ('vllm_fa3', 0.14541), ('fa2', 0.15596),
+                        ('vllm_fa4', 0.1614), ('sdpa_flash', 0.18452),
+                    ),
+                ),
+                (
+                    32, 4, 16, 4096, 3,
+                    (
+                        ('fa4', 3.92921), ('sdpa_cudnn', 4.06751), ('vllm_fa3', 4.0964), ('vllm_fa4', 4.54512),
+                        ('fa2', 6.27216), ('sdpa_flash', 6.78779),
+                    ),
+                ),
+                (
+                    32, 8, 1, 512, 1,
+                    (
+                        ('fa4', 0.01111), ('vllm_fa4', 0.01404), ('sdpa_cudnn', 0.01451), ('vllm_fa3', 0.0182),
+                        ('fa2', 0.01942), ('sdpa_flash', 0.02176),
+                    ),
+                ),
+                (
+                    32, 8, 1, 8192, 1,
+                    (
+                        ('fa4', 0.78099), ('vllm_fa3', 0.87766), ('sdpa_cudnn', 0.96402), ('vllm_fa4', 1.05663),
+                        ('fa2', 1.57162), ('sdpa_flash', 1.73019),
+                    ),
+                ),
+                (
+                    32, 8, 16, 512, 1,
+                    (
+                        ('sdpa_cudnn', 0.10263), ('fa4', 0.12882), ('vllm_fa3', 0.14021), ('fa2', 0.15832),
+                        ('vllm_fa4', 0.15941), ('sdpa_flash', 0.18546),
+                    ),
+                ),
+                (
+                    32, 8, 16, 4096, 3,
+                    (
+                        ('fa4', 3.92119), ('sdpa_cudnn', 4.08643), ('vllm_fa3', 4.09781), ('vllm_fa4', 4.62401),
+                        ('fa2', 6.29307), ('sdpa_flash', 6.86847),
+                    ),
+                ),
             ),
-            ('prefill', 'bfloat16', 128, 128, 'causal+gqa+sliding_window'): (
-                (16, 8, 1, 512, 1, (('fa4', 0.01008), ('vllm_fa4', 0.01337), ('vllm_fa3', 0.01622), ('fa2', 0.02037), ('sdpa_cudnn', 0.02533))),
-                (16, 8, 1, 8192, 1, (('fa4', 0.12729), ('vllm_fa3', 0.16193), ('vllm_fa4', 0.1758), ('fa2', 0.26545), ('sdpa_cudnn', 1.79244))),
-                (16, 8, 16, 512, 1, (('fa4', 0.06588), ('vllm_fa3', 0.07313), ('vllm_fa4', 0.07943), ('fa2', 0.08716), ('sdpa_cudnn', 0.13295))),
-                (16, 8, 16, 4096, 1, (('fa4', 0.98418), ('vllm_fa3', 1.10844), ('vllm_fa4', 1.17421), ('fa2', 1.82656), ('sdpa_cudnn', 6.5893))),
-                (32, 8, 1, 512, 1, (('fa4', 0.01034), ('vllm_fa4', 0.01468), ('vllm_fa3', 0.01631), ('fa2', 0.01899), ('sdpa_cudnn', 0.02632))),
-                (32, 8, 1, 8192, 1, (('fa4', 0.61626), ('vllm_fa3', 0.70434), ('vllm_fa4', 0.79363), ('fa2', 1.42265), ('sdpa_cudnn', 3.47633))),
-                (32, 8, 16, 512, 1, (('fa4', 0.11473), ('vllm_fa3', 0.13403), ('fa2', 0.15569), ('vllm_fa4', 0.15607), ('sdpa_cudnn', 0.24941))),
-                (32, 8, 16, 4096, 1, (('fa4', 3.79782), ('vllm_fa3', 4.09182), ('vllm_fa4', 4.64168), ('fa2', 6.27037), ('sdpa_cudnn', 13.17927))),
-                (40, 10, 1, 512, 1, (('fa4', 0.01538), ('vllm_fa4', 0.01745), ('vllm_fa3', 0.01861), ('fa2', 0.03248), ('sdpa_cudnn', 0.04065))),
-                (40, 10, 1, 8192, 1, (('fa4', 0.48177), ('vllm_fa3', 0.57854), ('vllm_fa4', 0.63999), ('fa2', 1.06553), ('sdpa_cudnn', 4.33518))),
-                (40, 10, 16, 512, 1, (('fa4', 0.15537), ('vllm_fa3', 0.16892), ('fa2', 0.19111), ('vllm_fa4', 0.19309), ('sdpa_cudnn', 0.3059))),
-                (40, 10, 16, 4096, 1, (('fa4', 3.785), ('vllm_fa3', 4.24014), ('vllm_fa4', 4.59969), ('fa2', 7.25741), ('sdpa_cudnn', 16.66945))),
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'gqa', 'sliding_window')): (
+                (
+                    16, 8, 1, 512, 1,
+                    (
+                        ('fa4', 0.01008), ('vllm_fa4', 0.01337), ('vllm_fa3', 0.01622), ('fa2', 0.02037),
+                        ('sdpa_cudnn', 0.02533),
+                    ),
+                ),
+                (
+                    16, 8, 1, 8192, 1,
+                    (
+                        ('fa4', 0.12729), ('vllm_fa3', 0.16193), ('vllm_fa4', 0.1758), ('fa2', 0.26545),
+                        ('sdpa_cudnn', 1.79244),
+                    ),
+                ),
+                (
+                    16, 8, 16, 512, 1,
+                    (
+                        ('fa4', 0.06588), ('vllm_fa3', 0.07313), ('vllm_fa4', 0.07943), ('fa2', 0.08716),
+                        ('sdpa_cudnn', 0.13295),
+                    ),
+                ),
+                (
+                    16, 8, 16, 4096, 1,
+                    (
+                        ('fa4', 0.98418), ('vllm_fa3', 1.10844), ('vllm_fa4', 1.17421), ('fa2', 1.82656),
+                        ('sdpa_cudnn', 6.5893),
+                    ),
+                ),
+                (
+                    32, 8, 1, 512, 1,
+                    (
+                        ('fa4', 0.01034), ('vllm_fa4', 0.01468), ('vllm_fa3', 0.01631), ('fa2', 0.01899),
+                        ('sdpa_cudnn', 0.02632),
+                    ),
+                ),
+                (
+                    32, 8, 1, 8192, 1,
+                    (
+                        ('fa4', 0.61626), ('vllm_fa3', 0.70434), ('vllm_fa4', 0.79363), ('fa2', 1.42265),
+                        ('sdpa_cudnn', 3.47633),
+                    ),
+                ),
+                (
+                    32, 8, 16, 512, 1,
+                    (
+                        ('fa4', 0.11473), ('vllm_fa3', 0.13403), ('fa2', 0.15569), ('vllm_fa4', 0.15607),
+                        ('sdpa_cudnn', 0.24941),
+                    ),
+                ),
+                (
+                    32, 8, 16, 4096, 1,
+                    (
+                        ('fa4', 3.79782), ('vllm_fa3', 4.09182), ('vllm_fa4', 4.64168), ('fa2', 6.27037),
+                        ('sdpa_cudnn', 13.17927),
+                    ),
+                ),
+                (
+                    40, 10, 1, 512, 1,
+                    (
+                        ('fa4', 0.01538), ('vllm_fa4', 0.01745), ('vllm_fa3', 0.01861), ('fa2', 0.03248),
+                        ('sdpa_cudnn', 0.04065),
+                    ),
+                ),
+                (
+                    40, 10, 1, 8192, 1,
+                    (
+                        ('fa4', 0.48177), ('vllm_fa3', 0.57854), ('vllm_fa4', 0.63999), ('fa2', 1.06553),
+                        ('sdpa_cudnn', 4.33518),
+                    ),
+                ),
+                (
+                    40, 10, 16, 512, 1,
+                    (
+                        ('fa4', 0.15537), ('vllm_fa3', 0.16892), ('fa2', 0.19111), ('vllm_fa4', 0.19309),
+                        ('sdpa_cudnn', 0.3059),
+                    ),
+                ),
+                (
+                    40, 10, 16, 4096, 1,
+                    (
+                        ('fa4', 3.785), ('vllm_fa3', 4.24014), ('vllm_fa4', 4.59969), ('fa2', 7.25741),
+                        ('sdpa_cudnn', 16.66945),
+                    ),
+                ),
             ),
-            ('prefill', 'bfloat16', 128, 128, 'causal+gqa+sliding_window+softcap'): (
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'gqa', 'sliding_window', 'softcap')): (
                 (16, 8, 1, 512, 3, (('vllm_fa3', 0.01962), ('fa2', 0.02041), ('fa4', 0.02056), ('vllm_fa4', 0.02566))),
                 (16, 8, 1, 8192, 1, (('vllm_fa3', 0.42752), ('vllm_fa4', 0.78595), ('fa4', 0.80747), ('fa2', 0.83914))),
                 (16, 8, 16, 512, 1, (('vllm_fa3', 0.08373), ('fa2', 0.10332), ('fa4', 0.11533), ('vllm_fa4', 0.12804))),
                 (16, 8, 16, 4096, 1, (('vllm_fa3', 2.48208), ('fa2', 3.79908), ('fa4', 3.9808), ('vllm_fa4', 4.1475))),
             ),
-            ('prefill', 'bfloat16', 128, 128, 'causal+gqa+softcap'): (
+            ('prefill', 'bfloat16', 128, 128, ('causal', 'gqa', 'softcap')): (
                 (16, 8, 1, 512, 1, (('vllm_fa3', 0.01865), ('fa4', 0.02027), ('fa2', 0.02189), ('vllm_fa4', 0.02396))),
                 (16, 8, 1, 8192, 1, (('vllm_fa3', 0.53814), ('fa4', 0.92204), ('vllm_fa4', 1.01042), ('fa2', 1.117))),
                 (16, 8, 16, 512, 1, (('vllm_fa3', 0.08552), ('fa2', 0.10317), ('fa4', 0.10753), ('vllm_fa4', 0.12741))),
-                (16, 8, 16, 4096, 1, (('vllm_fa3', 2.46921), ('fa4', 3.78564), ('fa2', 3.80048), ('vllm_fa4', 4.20214))),
+                (
+                    16, 8, 16, 4096, 1,
+                    (('vllm_fa3', 2.46921), ('fa4', 3.78564), ('fa2', 3.80048), ('vllm_fa4', 4.20214)),
+                ),
             ),
-            ('prefill', 'bfloat16', 256, 256, 'causal+gqa'): (
-                (4, 1, 1, 512, 3, (('fa2', 0.01681), ('vllm_fa4', 0.01749), ('sdpa_cudnn', 0.01795), ('vllm_fa3', 0.01901), ('fa4', 0.01974), ('sdpa_flash', 0.02103))),
-                (4, 1, 1, 8192, 1, (('fa4', 0.1772), ('vllm_fa3', 0.19024), ('vllm_fa4', 0.19998), ('sdpa_cudnn', 0.30514), ('fa2', 0.60521), ('sdpa_flash', 0.71181))),
-                (4, 1, 16, 512, 1, (('fa4', 0.02824), ('sdpa_cudnn', 0.03339), ('vllm_fa4', 0.03648), ('vllm_fa3', 0.0482), ('fa2', 0.05051), ('sdpa_flash', 0.05409))),
-                (4, 1, 16, 4096, 2, (('vllm_fa3', 0.78098), ('fa4', 0.78329), ('vllm_fa4', 0.86651), ('sdpa_cudnn', 0.87084), ('fa2', 1.74285), ('sdpa_flash', 1.8335))),
-                (16, 8, 1, 512, 1, (('fa4', 0.01658), ('sdpa_cudnn', 0.01856), ('vllm_fa4', 0.02631), ('sdpa_flash', 0.03004), ('vllm_fa3', 0.0301), ('fa2', 0.03155))),
-                (16, 8, 1, 8192, 1, (('fa4', 0.70464), ('vllm_fa3', 0.7849), ('vllm_fa4', 0.8231), ('sdpa_cudnn', 0.86614), ('fa2', 1.81268), ('sdpa_flash', 1.9042))),
-                (16, 8, 16, 512, 2, (('sdpa_cudnn', 0.09821), ('fa4', 0.10215), ('vllm_fa4', 0.11513), ('vllm_fa3', 0.14847), ('fa2', 0.14963), ('sdpa_flash', 0.15837))),
-                (16, 8, 16, 4096, 2, (('fa4', 3.49966), ('sdpa_cudnn', 3.68063), ('vllm_fa3', 3.78123), ('vllm_fa4', 3.91458), ('fa2', 7.04627), ('sdpa_flash', 7.30038))),
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'gqa')): (
+                (
+                    4, 1, 1, 512, 3,
+                    (
+                        ('fa2', 0.01681), ('vllm_fa4', 0.01749), ('sdpa_cudnn', 0.01795), ('vllm_fa3', 0.01901),
+                        ('fa4', 0.01974), ('sdpa_flash', 0.02103),
+                    ),
+                ),
+                (
+                    4, 1, 1, 8192, 1,
+                    (
+                        ('fa4', 0.1772), ('vllm_fa3', 0.19024), ('vllm_fa4', 0.19998), ('sdpa_cudnn', 0.30514),
+                        ('fa2', 0.60521), ('sdpa_flash', 0.71181),
+                    ),
+                ),
+                (
+                    4, 1, 16, 512, 1,
+                    (
+                        ('fa4', 0.02824), ('sdpa_cudnn', 0.03339), ('vllm_fa4', 0.03648), ('vllm_fa3', 0.0482),
+                        ('fa2', 0.05051), ('sdpa_flash', 0.05409),
+                    ),
+                ),
+                (
+                    4, 1, 16, 4096, 2,
+                    (
+                        ('vllm_fa3', 0.78098), ('fa4', 0.78329), ('vllm_fa4', 0.86651), ('sdpa_cudnn', 0.87084),
+                        ('fa2', 1.74285), ('sdpa_flash', 1.8335),
+                    ),
+                ),
+                (
+                    16, 8, 1, 512, 1,
+                    (
+                        ('fa4', 0.01658), ('sdpa_cudnn', 0.01856), ('vllm_fa4', 0.02631), ('sdpa_flash', 0.03004),
+                        ('vllm_fa3', 0.0301), ('fa2', 0.03155),
+                    ),
+                ),
+                (
+                    16, 8, 1, 8192, 1,
+                    (
+                        ('fa4', 0.70464), ('vllm_fa3', 0.7849), ('vllm_fa4', 0.8231), ('sdpa_cudnn', 0.86614),
+                        ('fa2', 1.81268), ('sdpa_flash', 1.9042),
+                    ),
+                ),
+                (
+                    16, 8, 16, 512, 2,
+                    (
+                        ('sdpa_cudnn', 0.09821), ('fa4', 0.10215), ('vllm_fa4', 0.11513), ('vllm_fa3', 0.14847),
+                        ('fa2', 0.14963), ('sdpa_flash', 0.15837),
+                    ),
+                ),
+                (
+                    16, 8, 16, 4096, 2,
+                    (
+                        ('fa4', 3.49966), ('sdpa_cudnn', 3.68063), ('vllm_fa3', 3.78123), ('vllm_fa4', 3.91458),
+                        ('fa2', 7.04627), ('sdpa_flash', 7.30038),
+                    ),
+                ),
             ),
-            ('prefill', 'bfloat16', 256, 256, 'causal+gqa+sliding_window'): (
-                (4, 1, 1, 512, 1, (('fa4', 0.0156), ('vllm_fa4', 0.01881), ('fa2', 0.0226), ('vllm_fa3', 0.02336), ('sdpa_cudnn', 0.042))),
-                (4, 1, 1, 8192, 1, (('fa4', 0.037), ('vllm_fa4', 0.04611), ('vllm_fa3', 0.04856), ('fa2', 0.0753), ('sdpa_cudnn', 1.18695))),
-                (4, 1, 16, 512, 1, (('fa4', 0.0308), ('vllm_fa4', 0.03892), ('vllm_fa3', 0.04651), ('fa2', 0.05249), ('sdpa_cudnn', 0.08387))),
-                (4, 1, 16, 4096, 1, (('fa4', 0.25103), ('vllm_fa3', 0.29273), ('vllm_fa4', 0.31582), ('fa2', 0.48471), ('sdpa_cudnn', 4.05099))),
-                (16, 8, 1, 512, 1, (('fa4', 0.01641), ('vllm_fa4', 0.02581), ('vllm_fa3', 0.0353), ('fa2', 0.03878), ('sdpa_cudnn', 0.04375))),
-                (16, 8, 1, 8192, 1, (('fa4', 0.21865), ('vllm_fa4', 0.26362), ('vllm_fa3', 0.27049), ('fa2', 0.47431), ('sdpa_cudnn', 4.2149))),
-                (16, 8, 16, 512, 1, (('fa4', 0.09771), ('vllm_fa4', 0.11464), ('vllm_fa3', 0.14027), ('fa2', 0.15068), ('sdpa_cudnn', 0.31338))),
-                (16, 8, 16, 4096, 1, (('fa4', 1.76486), ('vllm_fa3', 1.89917), ('vllm_fa4', 2.08683), ('fa2', 3.41173), ('sdpa_cudnn', 15.80642))),
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'gqa', 'sliding_window')): (
+                (
+                    4, 1, 1, 512, 1,
+                    (
+                        ('fa4', 0.0156), ('vllm_fa4', 0.01881), ('fa2', 0.0226), ('vllm_fa3', 0.02336),
+                        ('sdpa_cudnn', 0.042),
+                    ),
+                ),
+                (
+                    4, 1, 1, 8192, 1,
+                    (
+                        ('fa4', 0.037), ('vllm_fa4', 0.04611), ('vllm_fa3', 0.04856), ('fa2', 0.0753),
+                        ('sdpa_cudnn', 1.18695),
+                    ),
+                ),
+                (
+                    4, 1, 16, 512, 1,
+                    (
+                        ('fa4', 0.0308), ('vllm_fa4', 0.03892), ('vllm_fa3', 0.04651), ('fa2', 0.05249),
+                        ('sdpa_cudnn', 0.08387),
+                    ),
+                ),
+                (
+                    4, 1, 16, 4096, 1,
+                    (
+                        ('fa4', 0.25103), ('vllm_fa3', 0.29273), ('vllm_fa4', 0.31582), ('fa2', 0.48471),
+                        ('sdpa_cudnn', 4.05099),
+                    ),
+                ),
+                (
+                    16, 8, 1, 512, 1,
+                    (
+                        ('fa4', 0.01641), ('vllm_fa4', 0.02581), ('vllm_fa3', 0.0353), ('fa2', 0.03878),
+                        ('sdpa_cudnn', 0.04375),
+                    ),
+                ),
+                (
+                    16, 8, 1, 8192, 1,
+                    (
+                        ('fa4', 0.21865), ('vllm_fa4', 0.26362), ('vllm_fa3', 0.27049), ('fa2', 0.47431),
+                        ('sdpa_cudnn', 4.2149),
+                    ),
+                ),
+                (
+                    16, 8, 16, 512, 1,
+                    (
+                        ('fa4', 0.09771), ('vllm_fa4', 0.11464), ('vllm_fa3', 0.14027), ('fa2', 0.15068),
+                        ('sdpa_cudnn', 0.31338),
+                    ),
+                ),
+                (
+                    16, 8, 16, 4096, 1,
+                    (
+                        ('fa4', 1.76486), ('vllm_fa3', 1.89917), ('vllm_fa4', 2.08683), ('fa2', 3.41173),
+                        ('sdpa_cudnn', 15.80642),
+                    ),
+                ),
             ),
-            ('prefill', 'bfloat16', 256, 256, 'causal+gqa+sliding_window+softcap'): (
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'gqa', 'sliding_window', 'softcap')): (
                 (8, 4, 1, 512, 2, (('fa2', 0.02082), ('vllm_fa4', 0.0222), ('vllm_fa3', 0.02475), ('fa4', 0.02687))),
                 (8, 4, 1, 8192, 1, (('vllm_fa3', 0.33828), ('vllm_fa4', 0.49759), ('fa4', 0.52119), ('fa2', 0.76794))),
                 (8, 4, 16, 512, 1, (('fa4', 0.07683), ('fa2', 0.08593), ('vllm_fa3', 0.08641), ('vllm_fa4', 0.08754))),
@@ -1827,9 +9527,12 @@ DATA = {
                 (16, 8, 1, 512, 1, (('fa4', 0.02625), ('vllm_fa4', 0.03074), ('vllm_fa3', 0.03446), ('fa2', 0.03757))),
                 (16, 8, 1, 8192, 1, (('vllm_fa3', 0.66534), ('fa4', 0.95656), ('vllm_fa4', 0.98593), ('fa2', 1.40476))),
                 (16, 8, 16, 512, 1, (('fa4', 0.13458), ('fa2', 0.15526), ('vllm_fa4', 0.15574), ('vllm_fa3', 0.15909))),
-                (16, 8, 16, 4096, 1, (('vllm_fa3', 3.92164), ('fa4', 5.16301), ('vllm_fa4', 5.53778), ('fa2', 7.23772))),
+                (
+                    16, 8, 16, 4096, 1,
+                    (('vllm_fa3', 3.92164), ('fa4', 5.16301), ('vllm_fa4', 5.53778), ('fa2', 7.23772)),
+                ),
             ),
-            ('prefill', 'bfloat16', 256, 256, 'causal+gqa+softcap'): (
+            ('prefill', 'bfloat16', 256, 256, ('causal', 'gqa', 'softcap')): (
                 (8, 4, 1, 512, 3, (('vllm_fa4', 0.02257), ('fa2', 0.02311), ('vllm_fa3', 0.0238), ('fa4', 0.03196))),
                 (8, 4, 1, 8192, 1, (('vllm_fa3', 0.4152), ('fa4', 0.57076), ('vllm_fa4', 0.62257), ('fa2', 1.06252))),
                 (8, 4, 16, 512, 1, (('fa4', 0.07809), ('fa2', 0.08644), ('vllm_fa3', 0.0901), ('vllm_fa4', 0.11023))),
@@ -1837,7 +9540,10 @@ DATA = {
                 (16, 8, 1, 512, 1, (('fa4', 0.02981), ('vllm_fa4', 0.03236), ('vllm_fa3', 0.03364), ('fa2', 0.0366))),
                 (16, 8, 1, 8192, 1, (('vllm_fa3', 0.83176), ('fa4', 1.13611), ('vllm_fa4', 1.25732), ('fa2', 1.88313))),
                 (16, 8, 16, 512, 1, (('fa4', 0.14113), ('fa2', 0.15382), ('vllm_fa4', 0.16644), ('vllm_fa3', 0.17044))),
-                (16, 8, 16, 4096, 1, (('vllm_fa3', 3.94123), ('fa4', 5.07374), ('vllm_fa4', 5.53107), ('fa2', 7.20564))),
+                (
+                    16, 8, 16, 4096, 1,
+                    (('vllm_fa3', 3.94123), ('fa4', 5.07374), ('vllm_fa4', 5.53107), ('fa2', 7.20564)),
+                ),
             ),
         },
     },

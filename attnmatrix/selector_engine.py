@@ -16,11 +16,12 @@ rope split of an MLA head size) narrow a cell and are dropped where no cell carr
 The data (every key required):
 
 - `archs`; `backends`: arch -> the backends a query on that arch considers.
-- `cells`: (arch, backend) -> rules. A rule is five strings: ops, dtypes, head sizes (`128`, `192x128`),
-  feature sets (`none`, `causal+softcap`), each a space-separated list whose product is the cells it
-  covers, and the verdict `outcome tier evidence-id[: short reason]`. Rules do not overlap; a cell no rule
-  covers has no evidence.
-- `measured`: arch -> (op, dtype, head_dim, head_dim_v) -> feature set -> ((backend, latency_ms), ...) fastest
+- `rules`: backend -> rules. A rule is (archs, ops, dtypes, head sizes, feature sets, verdict), each a tuple:
+  archs and ops and dtypes are names, a head size is an int or a (head_dim, head_dim_v) pair, a feature set
+  a tuple of feature tokens (`()`: none), and the verdict (outcome, tier, evidence id[, short reason]). The
+  product of the tuples is the cells the rule covers. On one arch rules do not overlap; a cell no rule covers
+  has no evidence.
+- `measured`: arch -> (op, dtype, head_dim, head_dim_v, feature set) -> ((backend, latency_ms), ...) fastest
   first, or (backend, latency_ms, shapes completed, shapes the most complete backend completed) for a
   backend that completed fewer timing shapes. Like for like (`measured_latencies`): the median over the
   shapes the most complete backends all completed; a backend with fewer, its ratio to them on the shapes
@@ -52,10 +53,6 @@ CACHE_MAX = 1 << 16
 _int = V.check_int
 arch_of = V.arch_of
 features_of = V.features_of
-
-
-def dims_label(head_dim: int, head_dim_v: int) -> str:
-    return str(head_dim) if head_dim == head_dim_v else f"{head_dim}x{head_dim_v}"
 
 
 def fset_label(features) -> str:
@@ -113,10 +110,9 @@ class Verdict:
 
     __slots__ = ("status", "outcome", "tier", "evidence", "reason", "rank")
 
-    def __init__(self, text: str, positive, uninformative):
-        head, _, reason = text.partition(": ")
-        self.outcome, self.tier, self.evidence = head.split(" ")
-        self.reason = reason or None
+    def __init__(self, verdict: tuple, positive, uninformative):
+        self.outcome, self.tier, self.evidence = verdict[:3]
+        self.reason = verdict[3] if len(verdict) > 3 else None
         self.status = (SUPPORTED if self.outcome in positive else UNKNOWN if self.outcome in uninformative
                        else UNSUPPORTED)
 
@@ -147,10 +143,6 @@ def _dtype(dtype) -> str:
     return s
 
 
-def _fsets(text: str):
-    return {() if f == "none" else tuple(f.split("+")) for f in text.split(" ")}
-
-
 class Engine:
     """Queries over one matrix's capability data (see the module docstring for its shape)."""
 
@@ -171,10 +163,10 @@ class Engine:
 
     # --- cells ------------------------------------------------------------------------------------
 
-    def _verdict(self, text):
-        v = self._verdicts.get(text)
+    def _verdict(self, verdict: tuple):
+        v = self._verdicts.get(verdict)
         if v is None:
-            v = self._verdicts[text] = Verdict(text, V.POSITIVE_OUTCOMES, V.UNINFORMATIVE_OUTCOMES)
+            v = self._verdicts[verdict] = Verdict(verdict, V.POSITIVE_OUTCOMES, V.UNINFORMATIVE_OUTCOMES)
             v.rank = self.tier_order.get(v.tier, len(self.tier_order))
         return v
 
@@ -184,18 +176,20 @@ class Engine:
         got = self._blocks.get(key)
         if got is None:
             index = self._rules.get((arch, backend))
-            if index is None:  # the block's rules by (op, dtype), head sizes padded for a whole-word search
+            if index is None:  # the backend's rules on this arch by (op, dtype), head sizes as (qk, v) pairs
                 index = self._rules[(arch, backend)] = {}
-                for ops, dtypes, ds, fsets, verdict in self.data["cells"].get((arch, backend), ()):
-                    for o in ops.split(" "):
-                        for dt in dtypes.split(" "):
-                            index.setdefault((o, dt), []).append((f" {ds} ", fsets, verdict))
+                for archs, ops, dtypes, sizes, fsets, verdict in self.data["rules"].get(backend, ()):
+                    if arch not in archs:
+                        continue
+                    pairs = frozenset(s if isinstance(s, tuple) else (s, s) for s in sizes)
+                    for o in ops:
+                        for dt in dtypes:
+                            index.setdefault((o, dt), []).append((pairs, fsets, verdict))
             got = self._blocks[key] = {}
-            label = f" {dims_label(*dims)} "
-            for ds, fsets, verdict in index.get((op, dtype), ()):
-                if label in ds:
+            for pairs, fsets, verdict in index.get((op, dtype), ()):
+                if dims in pairs:
                     v = self._verdict(verdict)
-                    for f in _fsets(fsets):
+                    for f in fsets:
                         got[f] = v
         return got
 
@@ -244,14 +238,12 @@ class Engine:
 
     def _measured(self, arch, op, dtype, dims) -> dict:
         """{feature set: {backend: (latency_ms, shapes or None)}} of one (arch, op, dtype, head sizes)."""
-        key = (arch, op, dtype, dims)
-        got = self._latencies.get(key)
-        if got is None:
-            rows = self.data["measured"].get(arch, {}).get((op, dtype, *dims), {})
-            got = self._latencies[key] = {
-                () if f == "none" else tuple(f.split("+")): {m[0]: (m[1], tuple(m[2:]) or None) for m in row}
-                for f, row in rows.items()}
-        return got
+        per_class = self._latencies.get(arch)
+        if per_class is None:  # the arch's rankings grouped by (op, dtype, head sizes), on first use
+            per_class = self._latencies[arch] = {}
+            for (o, dt, hd, hdv, f), row in self.data["measured"].get(arch, {}).items():
+                per_class.setdefault((o, dt, (hd, hdv)), {})[f] = {m[0]: (m[1], tuple(m[2:]) or None) for m in row}
+        return per_class.get((op, dtype, dims), {})
 
     def answer(self, arch, backend, op, dtype, head_dim, head_dim_v, feats) -> Answer:
         dims = (head_dim, head_dim_v)
@@ -326,7 +318,7 @@ class Engine:
         backends are within the rerun noise of the fastest."""
         if op == "decode":  # one query token at the end sees the whole cache: causal or not, the same call
             feats = tuple(sorted(set(feats) | {"causal"}))
-        rows = self.data.get("workloads", {}).get(arch, {}).get((op, dtype, head_dim, head_dim_v, fset_label(feats)))
+        rows = self.data.get("workloads", {}).get(arch, {}).get((op, dtype, head_dim, head_dim_v, tuple(feats)))
         if not rows or not hints:
             return None
         from math import log

@@ -16,7 +16,7 @@ from attnmatrix.matrix.backends import DEFAULT_RANK_MISSING, default_rank
 from attnmatrix.matrix.policy import ResolvedCell, ResolvedMatrix
 from attnmatrix.matrix.records import Record
 
-from attnmatrix.selector_engine import Engine, dims_label, fset_label, measured_latencies
+from attnmatrix.selector_engine import Engine, measured_latencies
 from attnmatrix.vocabulary import DTYPES, OPS, SUPPORTED, arch_sort_key
 
 # Head sizes get_flash_attn_version decides over when the caller gives none: the common ones; the last
@@ -56,10 +56,11 @@ def short_reason(reason: str | None) -> str:
     return line if len(line) <= SHORT_REASON_CHARS else line[:SHORT_REASON_CHARS - 3].rstrip() + "..."
 
 
-def verdict(c: ResolvedCell) -> str:
-    head = f"{c.outcome or 'none'} {c.tier or 'none'} {evidence_id(c.winner)}"
+def verdict(c: ResolvedCell) -> tuple[str, ...]:
+    """(outcome, tier, evidence id[, short reason]): a supported cell carries no reason."""
+    head = (c.outcome or "none", c.tier or "none", evidence_id(c.winner))
     reason = short_reason(c.reason) if c.status != SUPPORTED else ""
-    return f"{head}: {reason}" if reason else head
+    return (*head, reason) if reason else head
 
 
 def _dims_key(d: tuple[int, int]) -> tuple:
@@ -70,14 +71,22 @@ def _fset_key(f: tuple[str, ...]) -> tuple:
     return (len(f), f)
 
 
-def _join(items: Iterable, key, label) -> str:
-    return " ".join(label(x) for x in sorted(items, key=key))
+def _head_size(d: tuple[int, int]) -> int | tuple[int, int]:
+    """A head size as the rules write it: 128, or (192, 128) where the V head size differs."""
+    return d[0] if d[0] == d[1] else d
 
 
-def rules(cells: Iterable[ResolvedCell]) -> tuple[tuple[str, str, str, str, str], ...]:
+def _heads_key(heads: tuple) -> tuple:
+    return tuple(_dims_key(h if isinstance(h, tuple) else (h, h)) for h in heads)
+
+
+Rule = tuple[tuple[str, ...], tuple[str, ...], tuple, tuple[tuple[str, ...], ...], tuple[str, ...]]
+
+
+def rules(cells: Iterable[ResolvedCell]) -> tuple[Rule, ...]:
     """Lossless rules for one (arch, backend): per verdict, its cells factored into products (feature sets,
-    then head sizes, then dtypes, then ops), sorted."""
-    by_verdict: dict[str, dict] = defaultdict(lambda: defaultdict(set))
+    then head sizes, then dtypes, then ops), sorted. A rule is (ops, dtypes, head sizes, feature sets, verdict)."""
+    by_verdict: dict[tuple, dict] = defaultdict(lambda: defaultdict(set))
     for c in cells:
         k = c.case
         by_verdict[verdict(c)][(k.op, k.dtype, (k.head_dim, k.head_dim_v))].add(k.features)
@@ -95,31 +104,44 @@ def rules(cells: Iterable[ResolvedCell]) -> tuple[tuple[str, str, str, str, str]
                 for op, dtypes in per_op.items():
                     by_dtypes[frozenset(dtypes)].add(op)
                 for dtypes, ops in by_dtypes.items():
-                    out.append((_join(ops, OPS.index, str), _join(dtypes, DTYPES.index, str),
-                                _join(dims, _dims_key, lambda d: dims_label(*d)),
-                                _join(fsets, _fset_key, fset_label), v))
-    return tuple(sorted(out, key=lambda r: (r[4], r[0], r[1], r[2], r[3])))
+                    out.append((tuple(sorted(ops, key=OPS.index)), tuple(sorted(dtypes, key=DTYPES.index)),
+                                tuple(_head_size(d) for d in sorted(dims, key=_dims_key)),
+                                tuple(sorted(fsets, key=_fset_key)), v))
+    return tuple(sorted(out, key=lambda r: (r[4], r[0], r[1], _heads_key(r[2]), r[3])))
 
 
-def measured(cells: Iterable[ResolvedCell]) -> dict[str, dict[tuple, dict[str, tuple]]]:
-    """arch -> (op, dtype, head_dim, head_dim_v) -> feature set -> like-for-like latencies of the measured
-    backends, fastest first."""
+def backend_rules(per_block: dict[tuple[str, str], list[ResolvedCell]], archs: list[str]) -> dict[str, tuple]:
+    """backend -> its rules on every arch, a rule that holds on several archs written once with their tuple:
+    (archs, ops, dtypes, head sizes, feature sets, verdict)."""
+    where: dict[str, dict[Rule, list[str]]] = defaultdict(dict)
+    for (arch, backend), cells in per_block.items():
+        for r in rules(cells):
+            where[backend].setdefault(r, []).append(arch)
+    order = {a: i for i, a in enumerate(archs)}
+    return {b: tuple(sorted(((tuple(sorted(a, key=order.__getitem__)), *r) for r, a in rs.items()),
+                            key=lambda r: (r[5], r[1], r[2], _heads_key(r[3]), r[4], [order[a] for a in r[0]])))
+            for b, rs in sorted(where.items())}
+
+
+def measured(cells: Iterable[ResolvedCell]) -> dict[str, dict[tuple, tuple]]:
+    """arch -> (op, dtype, head_dim, head_dim_v, feature set) -> like-for-like latencies of the measured
+    backends, fastest first: one entry per query class."""
     timings: dict[tuple, dict[str, dict[str, float]]] = defaultdict(dict)
     for c in cells:
         if c.timings:
             k = c.case
-            timings[(k.arch, k.op, k.dtype, k.head_dim, k.head_dim_v, fset_label(k.features))][k.backend] = {
+            timings[(k.arch, k.op, k.dtype, k.head_dim, k.head_dim_v, k.features)][k.backend] = {
                 t.shape: t.latency_ms for t in c.timings}
-    out: dict[str, dict[tuple, dict]] = defaultdict(lambda: defaultdict(dict))
+    out: dict[str, dict[tuple, tuple]] = defaultdict(dict)
     for key in sorted(timings, key=lambda k: (arch_sort_key(k[0]), OPS.index(k[1]), k[2], k[3] != k[4], k[3:5],
-                                              k[5] != "none", len(k[5].split("+")), k[5])):
+                                              len(k[5]), k[5])):
         lats = measured_latencies(timings[key])
         row = []
         for b, (ms, done, most) in lats.items():
             ms = float(f"{ms:.{LATENCY_DIGITS}g}")
             row.append((b, ms) if done == most else (b, ms, done, most))
-        out[key[0]][key[1:5]][key[5]] = tuple(sorted(row, key=lambda r: (r[1], r[0])))
-    return {a: dict(v) for a, v in out.items()}
+        out[key[0]][key[1:]] = tuple(sorted(row, key=lambda r: (r[1], r[0])))
+    return dict(out)
 
 
 def selector_archs(m: ResolvedMatrix) -> list[str]:
@@ -150,8 +172,7 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
         "fa_common_head_sizes": FA_COMMON_HEAD_SIZES,
         "declared_rankings": tuple((r.id, tuple(r.archs), r.op, r.dtype, tuple(r.head_dims), tuple(r.order),
                                     tuple(r.sources)) for r in m.rankings),
-        "cells": {k: rules(v) for k, v in sorted(per_block.items(), key=lambda kv: (arch_sort_key(kv[0][0]),
-                                                                                    kv[0][1]))},
+        "rules": backend_rules(per_block, archs),
         "measured": measured(cells),
         "workloads": workloads(archs),
     }
@@ -166,7 +187,7 @@ def workloads(archs) -> dict:
     out: dict = {}
     for (arch, op, dtype, hd, hdv, feats, hq, hkv, batch, length), (order, ties) in orders.items():
         if arch in archs:
-            out.setdefault(arch, {}).setdefault((op, dtype, hd, hdv, fset_label(feats)), []).append(
+            out.setdefault(arch, {}).setdefault((op, dtype, hd, hdv, tuple(feats)), []).append(
                 (hq, hkv, batch, length, ties, order))
     return {a: {k: tuple(v) for k, v in sorted(rows.items())} for a, rows in sorted(out.items())}
 

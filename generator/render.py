@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import re
 import textwrap
 from collections.abc import Iterable
@@ -32,6 +31,7 @@ from . import capabilities as C
 from . import links as L
 from . import pages as PG
 from . import plots as P
+from . import pyliteral as PL
 from . import query_page as Q
 from . import tables as T
 
@@ -56,25 +56,13 @@ class Raw(str):
 # --- Python literals ------------------------------------------------------------------------------
 
 def pylit(v: Any) -> str:
-    """A Python literal for `v` that evaluates back to an equal value."""
-    if isinstance(v, Raw):
-        return str(v)
-    if v is None or isinstance(v, (bool, int)):
-        return repr(v)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            raise ValueError(f"cannot write {v!r} as a Python literal")
-        return repr(v)
-    if isinstance(v, str):
-        return repr(str(v))
-    if isinstance(v, tuple):
-        inner = ", ".join(pylit(x) for x in v)
-        return f"({inner},)" if len(v) == 1 else f"({inner})"
-    if isinstance(v, list):
-        return "[" + ", ".join(pylit(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{pylit(k)}: {pylit(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"cannot write a {type(v).__name__} as a Python literal")
+    """A Python literal for `v` that evaluates back to an equal value (text the generator built passes as is)."""
+    return str(v) if isinstance(v, Raw) else PL.literal(v)
+
+
+def py_block(v: Any, indent: int, key: Any = None) -> Raw:
+    """`key: value,` (or `value,`) as lines of at most the project's line length (generator/pyliteral.py)."""
+    return Raw(PL.block(v, indent, prefix="" if key is None else PL.literal(key) + ": "))
 
 
 def py_comment(v: Any) -> Raw:
@@ -219,7 +207,7 @@ def _env(finalize, *template_dirs: Path) -> jinja2.Environment:
     )
     env.filters.update(comment=py_comment, hcomment=html_comment, md=md_escape, md_join=md_join, code=md_code,
                        claims=claims, items=items, latencies=page_latencies, arch_links=arch_links,
-                       capability=capability_label, raw=Raw, tuple=tuple, cite=cite)
+                       capability=capability_label, raw=Raw, py=py_block, tuple=tuple, cite=cite)
     env.globals.update(zip=zip)
     return env
 
@@ -254,7 +242,7 @@ def header(m: ResolvedMatrix, meta: dict) -> dict:
             "files": sorted(str(f) for f in meta.get("files") or [])}
 
 
-SELECTOR_BLOCK_KEYS = ("backends", "default_rank", "declared_rankings", "cells", "measured", "workloads")
+SELECTOR_BLOCK_KEYS = ("backends", "default_rank", "declared_rankings", "rules", "measured", "workloads")
 
 
 def render_selector(m: ResolvedMatrix, meta: dict) -> str:
@@ -265,7 +253,7 @@ def render_selector(m: ResolvedMatrix, meta: dict) -> str:
     return PY_ENV.get_template("selector.py.j2").render(
         h=header(m, meta), t=data, scalar_keys=[k for k in data if k not in SELECTOR_BLOCK_KEYS],
         select_signature=textwrap.wrap(f"- select_backends({signature})", 110, subsequent_indent="  "),
-        labels={b: str(m.backends.get(b, {}).get("label", b)) for b in {b for _, b in data["cells"]}},
+        labels={b: str(m.backends.get(b, {}).get("label", b)) for b in data["rules"]},
     )
 
 

@@ -8,16 +8,17 @@ from attnmatrix.selector_engine import SUPPORTED, UNKNOWN, UNSUPPORTED, Engine, 
 
 
 def data(cells, measured=None, backends=("fa2", "fa3", "fa4", "trtllm_ragged"), rankings=()):
+    """Engine data from {(arch, backend): rules without their arch}: each rule is written for its one arch."""
+    rules: dict[str, tuple] = {}
+    for (arch, b), rs in cells.items():
+        rules[b] = rules.get(b, ()) + tuple(((arch,), *r) for r in rs)
     return {
-        "tiers": ("validated", "compiled", "declared"), "positive": ("compiled", "pass"),
-        "uninformative": ("unavailable",), "ops": ("prefill", "decode", "mla_prefill"),
-        "dtypes": ("bfloat16", "float16"), "features": (), "mask_features": ("causal",), "qualifiers": ("qk_rope",),
         "archs": ("sm_90", "sm_100"), "backends": {"sm_90": backends, "sm_100": backends},
         "default_rank": {"sm_90": {"fa3": 10, "fa4": 11, "fa2": 12}, "sm_100": {"fa4": 10, "fa2": 11}},
         "default_rank_missing": 50, "fa_version": {"fa2": 2, "fa3": 3, "fa4": 4},
         "mla_name": {"fa2": "FLASH_ATTN", "fa4": "FLASH_ATTN", "trtllm_ragged": "TRTLLM_RAGGED"},
         "fa_common_head_sizes": ((64, 64), (128, 128)), "declared_rankings": tuple(rankings),
-        "cells": cells, "measured": measured or {},
+        "rules": rules, "measured": measured or {},
     }
 
 
@@ -43,9 +44,9 @@ def test_a_partial_backend_does_not_reorder_the_complete_ones():
 
 
 def test_order_by_measured_then_declared_then_default_and_the_mark():
-    cells = {("sm_90", b): (("prefill", "bfloat16", "128", "causal", "pass validated run1"),)
+    cells = {("sm_90", b): ((('prefill',), ('bfloat16',), (128,), (('causal',),), ('pass', 'validated', 'run1')),)
              for b in ("fa2", "fa3", "fa4", "trtllm_ragged")}
-    measured = {"sm_90": {("prefill", "bfloat16", 128, 128): {"causal": (("fa2", 0.5), ("fa4", 0.7, 1, 3))}}}
+    measured = {"sm_90": {("prefill", "bfloat16", 128, 128, ("causal",)): (("fa2", 0.5), ("fa4", 0.7, 1, 3))}}
     ranking = ("r", ("sm_90",), "prefill", None, ((128, 128),), ("trtllm_ragged", "fa4"), ("PR #1",))
     e = Engine(data(cells, measured, rankings=[ranking]))
     assert e.select_backends((9, 0), 128) == ["fa2", "fa4", "trtllm_ragged", "fa3"]
@@ -57,9 +58,10 @@ def test_order_by_measured_then_declared_then_default_and_the_mark():
 
 
 def test_composition_every_reason_and_unknown():
-    cells = {("sm_90", "fa2"): (("prefill", "bfloat16", "128", "causal", "pass validated run1"),
-                                ("prefill", "bfloat16", "128", "causal+softcap", "rejected validated run1: no softcap"),
-                                ("prefill", "bfloat16", "128", "alibi+causal", "rejected declared fa2-x: no alibi"))}
+    p128 = (("prefill",), ("bfloat16",), (128,))
+    cells = {("sm_90", "fa2"): ((*p128, (("causal",),), ("pass", "validated", "run1")),
+                                (*p128, (("causal", "softcap"),), ("rejected", "validated", "run1", "no softcap")),
+                                (*p128, (("alibi", "causal"),), ("rejected", "declared", "fa2-x", "no alibi")))}
     e = Engine(data(cells, backends=("fa2",)))
     a = e.answer("sm_90", "fa2", "prefill", "bfloat16", 128, 128, ("alibi", "causal", "softcap"))
     assert a.status == UNSUPPORTED and a.tier == "validated"
@@ -72,8 +74,9 @@ def test_composition_every_reason_and_unknown():
     assert e.answer("sm_90", "fa2", "prefill", "bfloat16", 128, 128, ()).reasons == ["no mask: no evidence"]
 
 
-MLA = {("sm_100", "fa4"): (("mla_prefill", "bfloat16", "192x128", "causal", "pass compiled xc1"),),
-       ("sm_100", "trtllm_ragged"): (("mla_prefill", "bfloat16", "192x128", "causal", "pass declared tr-mla"),)}
+MLA_192 = (("mla_prefill",), ("bfloat16",), ((192, 128),))
+MLA = {("sm_100", "fa4"): ((*MLA_192, (("causal",),), ("pass", "compiled", "xc1")),),
+       ("sm_100", "trtllm_ragged"): ((*MLA_192, (("causal",),), ("pass", "declared", "tr-mla")),)}
 
 
 def test_mla_priorities_fall_back_to_the_totals_cell():
@@ -87,7 +90,7 @@ def test_mla_priorities_fall_back_to_the_totals_cell():
 def test_mla_priorities_answer_per_triple_where_a_cell_has_the_rope_split():
     cells = dict(MLA)
     cells[("sm_100", "trtllm_ragged")] = cells[("sm_100", "trtllm_ragged")] + (
-        ("mla_prefill", "bfloat16", "192x128", "causal+qk_rope:128", "rejected declared tr-rope: rope 128 no"),)
+        (*MLA_192, (("causal", "qk_rope:128"),), ("rejected", "declared", "tr-rope", "rope 128 no")),)
     e = Engine(data(cells))
     assert e.get_mla_prefill_backend_priorities((10, 0), 128, 64, 128) == ["FLASH_ATTN", "TRTLLM_RAGGED"]
     assert e.get_mla_prefill_backend_priorities((10, 0), 64, 128, 128) == ["FLASH_ATTN"]
@@ -98,11 +101,12 @@ def test_mla_priorities_answer_per_triple_where_a_cell_has_the_rope_split():
 
 
 def test_flash_attn_version_softcap_and_block_size():
+    p128 = (("prefill",), ("bfloat16",), (128,))
     cells = {
-        ("sm_90", "fa3"): (("prefill", "bfloat16", "128", "causal causal+softcap", "pass declared fa3-h"),
-                           ("prefill", "bfloat16", "128", "causal+paged_kv:16", "rejected declared fa3-p: 16 no")),
-        ("sm_90", "fa2"): (("prefill", "bfloat16", "128", "causal causal+paged_kv:16", "pass declared fa2-a"),
-                           ("prefill", "bfloat16", "128", "causal+softcap", "rejected declared fa2-s: no")),
+        ("sm_90", "fa3"): ((*p128, (("causal",), ("causal", "softcap")), ("pass", "declared", "fa3-h")),
+                           (*p128, (("causal", "paged_kv:16"),), ("rejected", "declared", "fa3-p", "16 no"))),
+        ("sm_90", "fa2"): ((*p128, (("causal",), ("causal", "paged_kv:16")), ("pass", "declared", "fa2-a")),
+                           (*p128, (("causal", "softcap"),), ("rejected", "declared", "fa2-s", "no"))),
     }
     e = Engine(data(cells, backends=("fa2", "fa3")))
     assert e.get_flash_attn_version((9, 0), head_size=128) == 3

@@ -228,11 +228,11 @@ def test_every_rule_covers_exactly_the_resolved_cells(matrix):
     """The rules are lossless: expanding them gives back every public cell's verdict, and nothing else."""
     data = C.engine_data(matrix, include_cpu=True)
     got = {}
-    for (arch, backend), rules in data["cells"].items():
-        for ops, dtypes, dims, fsets, verdict in rules:
-            for op, dt, d, f in itertools.product(ops.split(), dtypes.split(), dims.split(), fsets.split()):
-                hd, _, hdv = d.partition("x")
-                key = (arch, backend, op, dt, int(hd), int(hdv or hd), () if f == "none" else tuple(f.split("+")))
+    for backend, rules in data["rules"].items():
+        for archs, ops, dtypes, sizes, fsets, verdict in rules:
+            for arch, op, dt, d, f in itertools.product(archs, ops, dtypes, sizes, fsets):
+                hd, hdv = d if isinstance(d, tuple) else (d, d)
+                key = (arch, backend, op, dt, hd, hdv, f)
                 assert key not in got, key
                 got[key] = verdict
     want = {k: C.verdict(c) for k, c in matrix.cells.items() if not T.is_test_only(matrix, c.case.backend)}

@@ -77,7 +77,7 @@ def _engine_with_workloads():
     from attnmatrix import selector
 
     data = dict(selector.DATA)
-    data["workloads"] = {"sm_90": {("decode", "bfloat16", 128, 128, "causal+gqa"): (
+    data["workloads"] = {"sm_90": {("decode", "bfloat16", 128, 128, ("causal", "gqa")): (
         (32, 8, 8, 1024, 1, (("fa2", 0.01), ("vllm_fa3", 0.02))),
         (32, 8, 128, 8192, 2, (("vllm_fa3", 0.50), ("fa4", 0.51), ("fa2", 0.90))),
         (8, 1, 8, 1024, 1, (("fa4", 0.01), ("fa2", 0.03))),

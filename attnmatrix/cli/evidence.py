@@ -390,7 +390,9 @@ def _load_side(spec: str) -> Evidence:
 @click.option("--threshold", type=click.FloatRange(min=0), default=0.10, show_default=True,
               help="Relative latency change to report.")
 @click.option("--json", "as_json", is_flag=True)
-def diff(a, b, threshold, as_json) -> None:
+@click.option("--first-choice", is_flag=True, help="Instead of cell changes: every measured query class whose "
+              "first choice changed (asked through the query engine, per arch), by backend pair.")
+def diff(a, b, threshold, as_json, first_choice) -> None:
     """What changed from matrix A to matrix B (result files or folders; `embedded` for the committed one).
 
     Like is compared with like: `diff embedded FILE` (or `diff FILE embedded`) compares the file's cells with
@@ -406,6 +408,9 @@ def diff(a, b, threshold, as_json) -> None:
 
     locate(say=not as_json)
     before, after = resolve(_load_side(a)), resolve(_load_side(b))
+    if first_choice:
+        _first_choice(before, after, as_json)
+        return
     if (a == "embedded") != (b == "embedded"):
         covered = set((after if a == "embedded" else before).cells)
         for m in (before, after):
@@ -422,6 +427,24 @@ def diff(a, b, threshold, as_json) -> None:
     click.echo(tabulate([[c.kind, c.key, c.before, c.after] for c in changes],
                         headers=["change", "cell", "before", "after"]))
     click.echo("\n" + (", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no changes"))
+
+
+def _first_choice(before, after, as_json: bool) -> None:
+    from attnmatrix.generator.capabilities import engine_data
+    from attnmatrix.generator.first_choice import shifts
+
+    out = shifts(engine_data(before, include_cpu=True), engine_data(after, include_cpu=True))
+    if as_json:
+        for s in out:
+            click.echo(json.dumps(s, sort_keys=True))
+        return
+    for s in out:
+        click.echo(f"{s['arch']}: {s['first_choice_changed']} of {s['classes_compared']} measured query classes "
+                   f"changed their first choice" + "".join(f"; {p}: {n}" for p, n in s["changed_pairs"].items()))
+        for c in s["changed"]:
+            b, a = c["before"], c["after"]
+            click.echo(f"  {c['op']} {c['dtype']} {c['head_dim']}x{c['head_dim_v']} {c['features']}: "
+                       f"{b['backend']} ({b['latency_ms']} ms) -> {a['backend']} ({a['latency_ms']} ms)")
 
 
 @main.command("ingest-cubins")
