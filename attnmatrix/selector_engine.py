@@ -67,7 +67,7 @@ WORKLOAD_HINTS = ("num_heads", "num_kv_heads", "num_tokens", "batch_size", "seq_
 
 def nearest_point(points, batch=None, length=None):
     """The (batch, length) point nearest to the given axes in log space (an axis not given is ignored; ties:
-    the smaller point). The one bucket rule: kernels/workloads.py's bucket_of uses it too."""
+    the smaller point). The one bucket rule: matrix/workloads.py's bucket_of uses it too."""
     from math import log
 
     def dist(p):

@@ -6,7 +6,7 @@
 `sweep` takes every layer type of the model presets (matrix/data/models.json, else
 benchmarks/regret-presets.json) and every op it runs, checks each backend once on a small problem with the
 layer's head counts against the reference (kernels/reference.py), then times it on the op's bucket points
-(kernels/workloads.py BUCKETS) and on held-out points (HELD_OUT), GPU time per call (kernels/timing.py
+(matrix/workloads.py BUCKETS) and on held-out points (HELD_OUT), GPU time per call (kernels/timing.py
 `measure`, CUDA graph), one timed loop at a time on the GPU (`exclusive_gpu`). The bucket points are timed
 a second time after the whole first pass, with fresh inputs: the ratio of the two is the rerun noise.
 
@@ -40,8 +40,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from attnmatrix.kernels import workloads as W
-from attnmatrix.kernels.workloads import Layer, bucket_label, bucket_of
+from attnmatrix.matrix import workloads as W
+from attnmatrix.matrix.workloads import Layer, bucket_label, bucket_of
 
 ROOT = Path(__file__).resolve().parent.parent
 FALLBACK_PRESETS = ROOT / "benchmarks" / "regret-presets.json"

@@ -180,8 +180,8 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
 
 def workloads(archs) -> dict:
     """arch -> (op, dtype, head_dim, head_dim_v, feature set) -> bucket rows (selector_engine.workload_order),
-    from the committed workload timings (matrix/data/workloads, kernels/workloads.py bucket_orders)."""
-    from attnmatrix.kernels.workloads import bucket_orders, load_rows
+    from the committed workload timings (matrix/data/workloads, matrix/workloads.py bucket_orders)."""
+    from attnmatrix.matrix.workloads import bucket_orders, load_rows
 
     _, orders = bucket_orders(load_rows())
     out: dict = {}

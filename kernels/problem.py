@@ -189,7 +189,7 @@ def make_problem(case: Case, shape: Shape, *, device: str | torch.device = "cpu"
     g = torch.Generator(device=gen_device).manual_seed(seed)
     dtype = DTYPES[case.dtype]
     hq = shape.heads_q
-    # A shape with its own KV head count (a model's layer, kernels/workloads.py) keeps it; the case space's
+    # A shape with its own KV head count (a model's layer, matrix/workloads.py) keeps it; the case space's
     # shapes have as many KV heads as query heads, and a `gqa` case groups GQA_RATIO query heads per KV head.
     if shape.heads_kv != shape.heads_q:
         hkv = shape.heads_kv

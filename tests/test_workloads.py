@@ -1,4 +1,4 @@
-"""Workload buckets (kernels/workloads.py) and benchmarks/regret.py's sweep and report, on the CPU."""
+"""Workload buckets (matrix/workloads.py) and benchmarks/regret.py's sweep and report, on the CPU."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from attnmatrix.kernels import workloads as W
+from attnmatrix.matrix import workloads as W
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -38,7 +38,7 @@ HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
 }
 # The length axis's name per op, as the selector's hints spell it.
 LENGTH_NAME = {"prefill": "seq_len", "mla_prefill": "seq_len", "decode": "context_len"}
-DEFAULT_MODELS = Path(__file__).resolve().parent.parent / "matrix" / "data" / "models.json"
+DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 
 
 def bucket_label(op: str, batch: int, length: int) -> str:
@@ -95,7 +95,7 @@ def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
     return {"pairs": len(ratios), "median": q(0.5), "p90": band, "max": ratios[-1] if ratios else None}, orders
 
 
-WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "matrix" / "data" / "workloads"
+WORKLOADS_DIR = Path(__file__).resolve().parent / "data" / "workloads"
 
 
 def load_rows(paths: list[Path] | None = None) -> list[dict]:
