@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "matrix": {"vocabulary", "selector_engine"},
     "kernels": {"vocabulary", "selector_engine", "matrix"},
     "generator": {"vocabulary", "selector_engine", "matrix", "engines"},
-    "engines": {"vocabulary", "selector_engine", "matrix", "generator"},
+    "engines": {"vocabulary", "selector_engine", "selector", "matrix", "generator"},
     "project": {"vocabulary", "matrix"},
     "workflow": {"vocabulary", "matrix", "kernels", "project"},
     "ci_format": set(),

@@ -18,7 +18,7 @@ COMMANDS = {
     "validate": "evidence", "merge": "evidence", "generate": "evidence", "check": "evidence",
     "snapshot": "evidence", "diff": "evidence", "ingest-cubins": "evidence",
     "show": "query", "explain": "query",
-    "vllm-answers": "vllm",
+    "vllm-answers": "vllm", "vllm-patch": "vllm",
 }
 MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
