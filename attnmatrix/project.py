@@ -39,10 +39,6 @@ class Project:
         return self.data_dir / "results"
 
     @property
-    def declared_file(self) -> Path:
-        return self.data_dir / "declared.json"
-
-    @property
     def backends_file(self) -> Path:
         return self.data_dir / "backends.json"
 

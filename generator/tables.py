@@ -39,11 +39,6 @@ def public_cells(m: ResolvedMatrix) -> list[ResolvedCell]:
     return sorted((c for c in m.cells.values() if not is_test_only(m, c.case.backend)), key=lambda c: c.case)
 
 
-def backends_for_arch(m: ResolvedMatrix, arch: str) -> list[str]:
-    """The backends a query on `arch` considers: every non-test backend with any cell there."""
-    return list(engine_for(m).data["backends"].get(arch, ()))
-
-
 def feature_string(features: Iterable[str]) -> str:
     return "+".join(features)
 

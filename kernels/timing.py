@@ -233,13 +233,6 @@ def _time_launches(fn: Callable[[], object], flush: torch.Tensor, calls: int, ho
     return statistics.median(times) / calls, len(times)
 
 
-def time_ms(fn: Callable[[], object], *, device: str, budget_ms: float = 150.0, min_reps: int = 5,
-            max_reps: int = 100, warmup: int = 2) -> float:
-    """GPU milliseconds per call of `fn` (wall milliseconds on the CPU); see `measure`."""
-    return measure(fn, device=device, budget_ms=budget_ms, min_reps=min_reps, max_reps=max_reps,
-                   warmup=warmup).gpu_ms
-
-
 # --- the device's own ceiling ---------------------------------------------------------------------------
 
 PEAK_SIZES = (4096, 6144, 8192, 12288, 16384)
