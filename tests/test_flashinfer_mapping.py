@@ -298,7 +298,7 @@ def test_trtllm_gen_cubins_offline(fake, monkeypatch):
 # ------------------------------------------------------------------ trtllm_ragged (MLA prefill)
 
 def test_ragged_mla_192_128_causal(fake):
-    p = problem("trtllm_ragged", op="mla_prefill", hd=192, hdv=128)
+    p = problem("trtllm_ragged", "causal", op="mla_prefill", hd=192, hdv=128)
     run_and_check("trtllm_ragged", p)
     kw = fake.last("trtllm_ragged_attention_deepseek")
     b, s, h = 2, 300, 8
@@ -378,7 +378,7 @@ def test_decode_varlen_window_sinks(fake):
 # ------------------------------------------------------------------ flashinfer's own wrappers
 
 def test_flashinfer_mla_prefill_ragged(fake):
-    run_and_check("flashinfer", problem("flashinfer", op="mla_prefill", hd=192, hdv=128))
+    run_and_check("flashinfer", problem("flashinfer", "causal", op="mla_prefill", hd=192, hdv=128))
     init, plan = fake.last("Ragged.__init__"), fake.last("Ragged.plan")
     assert init["kv_layout"] == "NHD" and init["backend"] == "auto"
     assert plan["num_qo_heads"] == plan["num_kv_heads"] == 8

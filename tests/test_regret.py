@@ -339,7 +339,7 @@ def test_engine_pages_join_the_generated_files():
     assert engines.engine_names() == ["vllm"]
     every = render_all(matrix(), meta)
     generator_only = render_generator_files(matrix(), meta)
-    assert set(every) - set(generator_only) == {"site/vllm-comparison.md"}
+    assert set(every) - set(generator_only) == {"site/vllm-comparison.md", "attnmatrix/engines/vllm/selection.py"}
     assert all(every[p] == t for p, t in generator_only.items())
 
 

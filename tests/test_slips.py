@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from conftest import build_record, dump_jsonl
 
 from attnmatrix.cli import main
+from attnmatrix.cli.group import load_all_commands
 
 # --- merge -o onto an existing result file -----------------------------------------------------------------------
 
@@ -55,11 +56,14 @@ def test_merge_append_keeps_every_record_of_the_file_it_extends(tmp_path):
 WRITES_RESULT_FILES = {"merge", "probe", "run", "xcompile", "ingest-cubins", "vllm-answers"}
 WRITES_GENERATED_FILES_ONLY = {"generate", "snapshot"}  # fixed paths of the checkout, no file of the user's
 READS_ONLY = {"check", "diff", "explain", "show", "validate"}  # check --reprobe writes a temporary file only
+# A file of the user's that is not a result file; refusing to replace a foreign one is tests/test_vllm_patch.py's.
+WRITES_OTHER_FILES = {"vllm-patch"}
 OUTPUT_PARAMS = {"out", "output", "results_dir"}
 
 
 def test_every_command_is_classified_by_what_it_writes():
-    assert set(main.commands) == WRITES_RESULT_FILES | WRITES_GENERATED_FILES_ONLY | READS_ONLY
+    load_all_commands()  # commands register when their module is imported
+    assert set(main.commands) == WRITES_RESULT_FILES | WRITES_GENERATED_FILES_ONLY | READS_ONLY | WRITES_OTHER_FILES
     for name in READS_ONLY | WRITES_GENERATED_FILES_ONLY:
         assert not OUTPUT_PARAMS & {p.name for p in main.commands[name].params}, name
     for name in WRITES_RESULT_FILES:

@@ -155,7 +155,7 @@ def test_records_are_valid_and_round_trip(table):
 
 
 def test_tier_table_and_resolution_rank():
-    assert TIERS == ["validated", "compiled", "shipped", "declared"] and TIER_ORDER["shipped"] == 2
+    assert tuple(TIERS) == ("validated", "compiled", "shipped", "declared") and TIER_ORDER["shipped"] == 2
     case = Case("sm_100", "trtllm_ragged", "prefill", "bfloat16", 128, 128, ("causal",))
     shipped = Record(case, "shipped", "shipped", {"library": "flashinfer-cubin", "kernel_version": "0.6.13",
                                                  "date": "2026-06-24"}, reason="kernel k", sources=("h#L1",))

@@ -66,7 +66,7 @@ def validate(files, no_embedded, as_json, fmt) -> None:
         raise UsageError("--json and --format cannot be given together")
     proj = locate(say=not as_json)
     ev, problems = load(proj, tuple(str(f) for f in files), embedded=not no_embedded)
-    problems = _nothing_to_validate(files, ev, no_embedded) + problems
+    problems = _nothing_to_validate(files, ev, no_embedded, problems) + problems
     if fmt != "text":
         report(problems)
         _print_report(fmt, "attnmatrix validate", _per_file(ev, problems))
@@ -88,12 +88,17 @@ def _per_file(ev: Evidence, problems: list[Problem]) -> list[ci.Outcome]:
     return [_validity("attnmatrix.validate", ci.relative(n), [p for p in problems if p.file == n]) for n in names]
 
 
-def _nothing_to_validate(files: tuple[Path, ...], ev: Evidence, no_embedded: bool) -> list[Problem]:
-    """A named file or folder without a single record is not "ok": there was nothing to check (exit 2)."""
+def _nothing_to_validate(files: tuple[Path, ...], ev: Evidence, no_embedded: bool,
+                         problems: list[Problem]) -> list[Problem]:
+    """A named file or folder without a single record is not "ok": there was nothing to check (exit 2). One whose
+    lines are all broken had something to check: its problems say what (exit 1)."""
     out = []
     for f in files:
-        prefixes = tuple(str(p) + ":" for p in iter_result_files([f]))
+        paths = [str(p) for p in iter_result_files([f])]
+        prefixes = tuple(p + ":" for p in paths)
         if prefixes and any(w.startswith(prefixes) for w in ev.where):
+            continue
+        if any(p.file in paths for p in problems):
             continue
         what = "holds no *.jsonl result file" if f.is_dir() and not prefixes else "holds no records"
         out.append(Problem(str(f), None, "(file)", f"{what}: nothing to validate"))
