@@ -3,12 +3,12 @@
     python benchmarks/regret.py sweep --backends vllm_fa3 -o RUN.jsonl [--shard 0/4]   # GPU
     python benchmarks/regret.py report RUN.jsonl [RUN.jsonl ...] [-o SUMMARY.json]       # CPU
 
-`sweep` takes every layer type of the model presets (matrix/data/models.json, else
-benchmarks/regret-presets.json) and every op it runs, checks each backend once on a small problem with the
-layer's head counts against the reference (kernels/reference.py), then times it on the op's bucket points
-(matrix/workloads.py BUCKETS) and on held-out points (HELD_OUT), GPU time per call (kernels/timing.py
-`measure`, CUDA graph), one timed loop at a time on the GPU (`exclusive_gpu`). The bucket points are timed
-a second time after the whole first pass, with fresh inputs: the ratio of the two is the rerun noise.
+`sweep` takes every layer type of the model presets (matrix/data/models.json) and every op it runs, checks
+each backend once on a small problem with the layer's head counts against the reference
+(kernels/reference.py), then times it on the op's bucket points (matrix/workloads.py BUCKETS) and on held-out
+points (HELD_OUT), GPU time per call (kernels/timing.py `measure`, CUDA graph), one timed loop at a time on
+the GPU (`exclusive_gpu`). The bucket points are timed a second time after the whole first pass, with fresh
+inputs: the ratio of the two is the rerun noise.
 
 vLLM's FlashAttention builds (vllm_fa2, vllm_fa3, vllm_fa4) are timed through vLLM's call: varlen queries,
 the KV cache through `block_table` + `seqused_k` with vLLM's default kernel block size 16
@@ -44,16 +44,13 @@ from attnmatrix.matrix import workloads as W
 from attnmatrix.matrix.workloads import Layer, bucket_label, bucket_of
 
 ROOT = Path(__file__).resolve().parent.parent
-FALLBACK_PRESETS = ROOT / "benchmarks" / "regret-presets.json"
 VLLM_BACKENDS = ("vllm_fa2", "vllm_fa3", "vllm_fa4")
 VLLM_BLOCK = 16  # vLLM's default KV block size for its FlashAttention backend (MultipleOf(16))
 DTYPE = "bfloat16"
 
 
 def presets_path(arg: str | None) -> Path:
-    if arg:
-        return Path(arg)
-    return W.DEFAULT_MODELS if W.DEFAULT_MODELS.is_file() else FALLBACK_PRESETS
+    return Path(arg) if arg else W.DEFAULT_MODELS
 
 
 def case_for(layer: Layer, op: str, backend: str, arch: str):
@@ -356,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("sweep", help="GPU: check and time the backends on the presets' workloads")
     s.add_argument("--backends", required=True, help="comma-separated, timed one after another")
     s.add_argument("-o", "--output", required=True, help="JSON Lines, appended to")
-    s.add_argument("--presets", help=f"models file (default {W.DEFAULT_MODELS.name}, else {FALLBACK_PRESETS.name})")
+    s.add_argument("--presets", help=f"models file (default matrix/data/{W.DEFAULT_MODELS.name})")
     s.add_argument("--shard", default="0/1", help="i/n: this process takes every n-th workload from i")
     s.add_argument("--budget-ms", type=float, default=20.0, help="timed repetitions per point, after warm-up")
     r = sub.add_parser("report", help="rankings per bucket and regret on held-out points, from sweep files")

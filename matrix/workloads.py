@@ -10,8 +10,8 @@ dims, window, softcap, sinks) at one (batch, sequence) point:
 - **held-out shapes** (`HELD_OUT`): other (batch, length) points, never used for ranking, that the
   selector's per-bucket choice is judged on (benchmarks/regret.py).
 
-Pure: no torch. Presets come from a models file (`load_presets`): matrix/data/models.json, one entry per
-model with its layer types, each cited to the model's published config.
+Pure: no torch. Presets come from matrix/data/models.json (`load_presets`, through `attnmatrix.matrix.models`,
+the one reader of that file): one entry per model with its layer types, each cited to its published config.
 """
 
 from __future__ import annotations
@@ -157,67 +157,23 @@ class PresetError(ValueError):
     pass
 
 
-def _int(d: dict, key: str, where: str, default: int | None = None) -> int:
-    v = d.get(key, default)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise PresetError(f"{where}: '{key}' must be a positive integer, got {v!r}")
-    return v
+def load_presets(path: str | Path | None = None) -> list[Layer]:
+    """Every layer type of the model presets (matrix/data/models.json or `path`, read and checked against each
+    layer's cited config by `attnmatrix.matrix.models`), per GPU at each model's typical tensor-parallel split."""
+    from attnmatrix.matrix.models import ModelError, load_models
 
-
-def parse_presets(data: dict, where: str = "models") -> list[Layer]:
-    """Layers from a models document: {"models": {name: {"source": url, "tp": n?, "layers": [
-    {"type", "num_heads", "num_kv_heads", "head_dim", "head_dim_v"?, "sliding_window"?, "softcap"?,
-    "sinks"?, "qk_rope_head_dim"?}]}}}. Head counts are divided by `tp` (default 1)."""
-    models = data.get("models") if isinstance(data, dict) else None
-    if not isinstance(models, dict) or not models:
-        raise PresetError(f"{where}: expected a non-empty 'models' object")
+    try:
+        models = load_models(path)
+    except ModelError as e:
+        raise PresetError(str(e)) from None
     out = []
     for name, m in sorted(models.items()):
-        w = f"{where}: model {name!r}"
-        if not isinstance(m, dict) or not isinstance(m.get("layers"), list) or not m["layers"]:
-            raise PresetError(f"{w}: expected an object with a non-empty 'layers' list")
-        tp = _int(m, "tp", w, 1)
-        for i, ly in enumerate(m["layers"]):
-            lw = f"{w} layer {i}"
-            if not isinstance(ly, dict):
-                raise PresetError(f"{lw}: expected an object")
-            hq, hkv = _int(ly, "num_heads", lw), _int(ly, "num_kv_heads", lw)
-            if hq % tp or hkv % tp and hkv >= tp or hq % hkv:
-                raise PresetError(f"{lw}: {hq} query / {hkv} KV heads do not split over tp={tp}")
-            d = _int(ly, "head_dim", lw)
-            window = ly.get("sliding_window")
-            if window is not None:
-                window = _int(ly, "sliding_window", lw)
-            out.append(Layer(
-                model=name, layer=str(ly.get("type", f"layer{i}")), heads_q=hq // tp, heads_kv=max(1, hkv // tp),
-                head_dim=d, head_dim_v=_int(ly, "head_dim_v", lw, d), window=window,
-                softcap=ly.get("softcap") or None, sinks=bool(ly.get("sinks", False)),
-                qk_rope=ly.get("qk_rope_head_dim"), source=str(m.get("source", ""))))
+        for ly in m.layers:
+            hq, hkv = ly.per_rank(m.tp)
+            out.append(Layer(model=name, layer=ly.type, heads_q=hq, heads_kv=hkv, head_dim=ly.head_dim,
+                             head_dim_v=ly.head_dim_v, window=ly.sliding_window, softcap=ly.softcap,
+                             sinks=ly.sinks, qk_rope=ly.qk_rope_head_dim, source=m.source))
     return out
-
-
-def load_presets(path: str | Path | None = None) -> list[Layer]:
-    """The layers of a models file. matrix/data/models.json is read by its own loader (matrix/models.py, which
-    checks each layer against its cited config), at each model's typical tensor-parallel split."""
-    path = Path(path) if path else DEFAULT_MODELS
-    if path.resolve() == DEFAULT_MODELS.resolve() and path.is_file():
-        from attnmatrix.matrix.models import load_models
-
-        out = []
-        for name, m in sorted(load_models(path).items()):
-            for ly in m.layers:
-                hq, hkv = ly.per_rank(m.tp)
-                out.append(Layer(model=name, layer=ly.type, heads_q=hq, heads_kv=hkv, head_dim=ly.head_dim,
-                                 head_dim_v=ly.head_dim_v, window=ly.sliding_window, softcap=ly.softcap,
-                                 sinks=ly.sinks, qk_rope=ly.qk_rope_head_dim, source=m.source))
-        return out
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PresetError(f"{path}: no models file (give one with --presets)") from None
-    except ValueError as e:
-        raise PresetError(f"{path}: not JSON ({e})") from None
-    return parse_presets(data, str(path))
 
 
 def workload_points(op: str, held_out: bool = False) -> tuple[tuple[int, int], ...]:

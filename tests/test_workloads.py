@@ -32,18 +32,16 @@ def test_every_point_has_a_bucket_and_held_out_points_are_not_buckets():
         W.bucket_of("encode", 1, 1)
 
 
-def test_presets_parse_with_tp_and_say_what_is_wrong():
-    layers = W.parse_presets({"models": {"m": {"tp": 8, "layers": [
-        {"type": "global", "num_heads": 64, "num_kv_heads": 8, "head_dim": 128, "sliding_window": 4096}]}}})
-    (ly,) = layers
-    assert (ly.heads_q, ly.heads_kv, ly.window) == (8, 1, 4096)
-    assert ly.features("prefill") == ("causal", "gqa", "sliding_window")
-    assert ly.features("decode") == ("gqa", "sliding_window")
-    with pytest.raises(W.PresetError, match="model 'm' layer 0: 'head_dim'"):
-        W.parse_presets({"models": {"m": {"layers": [{"num_heads": 8, "num_kv_heads": 8}]}}})
-    with pytest.raises(W.PresetError, match="do not split over tp=3"):
-        W.parse_presets({"models": {"m": {"tp": 3, "layers": [{"num_heads": 8, "num_kv_heads": 8, "head_dim": 64}]}}})
-    assert {ly.model for ly in W.load_presets(ROOT / "benchmarks" / "regret-presets.json")} >= {"gemma-2-9b"}
+def test_presets_are_the_models_files_layers_per_gpu_and_say_what_is_wrong(tmp_path):
+    layers = {ly.name: ly for ly in W.load_presets()}
+    g = layers["gemma-2-9b:local"]
+    assert (g.head_dim, g.window, g.softcap) == (256, 4096, 50.0) and g.heads_q % g.heads_kv == 0
+    assert g.features("prefill") == ("causal", "gqa", "sliding_window", "softcap")
+    assert g.features("decode") == ("gqa", "sliding_window", "softcap")
+    bad = tmp_path / "models.json"
+    bad.write_text('{"schema": 1, "models": {"m": {"layers": []}}}')
+    with pytest.raises(W.PresetError, match="m"):
+        W.load_presets(bad)
 
 
 @pytest.mark.slow
@@ -52,16 +50,23 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(W, "BUCKETS", {"prefill": ((1, 64), (2, 128)), "decode": ((2, 64), (4, 128))})
     monkeypatch.setattr(W, "HELD_OUT", {"prefill": ((1, 96),), "decode": ((3, 100),)})
     presets = tmp_path / "models.json"
-    presets.write_text(json.dumps({"models": {"tiny": {"layers": [
-        {"type": "global", "num_heads": 4, "num_kv_heads": 2, "head_dim": 32},
-        {"type": "capped", "num_heads": 4, "num_kv_heads": 4, "head_dim": 32, "softcap": 30.0}]}}}))
+
+    def model(kv: int, layer: dict) -> dict:
+        config = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": kv, "num_hidden_layers": 1,
+                  "attn_logit_softcapping": layer.get("softcap")}
+        return {"family": "test", "repo": "test/tiny", "file": "config.json", "source": "https://huggingface.co/test/tiny/blob/main/config.json",
+                "config": config,
+                "tp": 1, "layers": [{"count": 1, "num_heads": 4, "num_kv_heads": kv, "head_dim": 32, **layer}]}
+
+    presets.write_text(json.dumps({"schema": 1, "models": {
+        "tiny": model(2, {"type": "global"}), "tiny-capped": model(4, {"type": "capped", "softcap": 30.0})}}))
     out = tmp_path / "run.jsonl"
     assert R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(out), "--presets", str(presets),
                    "--budget-ms", "1"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     checks = {(r["layer"], r["op"]): r["outcome"] for r in rows if r["set"] == "check"}
     assert checks[("tiny:global", "prefill")] == "pass"
-    assert checks[("tiny:capped", "decode")] == "rejected"  # SDPA has no softcap parameter
+    assert checks[("tiny-capped:capped", "decode")] == "rejected"  # SDPA has no softcap parameter
     timed = [r for r in rows if r["set"] != "check"]
     assert {r["rep"] for r in timed if r["set"] == "bucket"} == {0, 1}
     assert all(r["outcome"] == "pass" and r["ms"] > 0 for r in timed)
