@@ -30,7 +30,7 @@ from attnmatrix.matrix.policy import ResolvedMatrix, arch_sort_key
 from attnmatrix.vocabulary import features_of
 
 from . import tables as T
-from .capabilities import engine_for, evidence_id
+from .capabilities import engine_for, evidence_id, is_test_only
 from .gpus import load_gpus
 from .links import source_url
 
@@ -83,7 +83,8 @@ def query_files(m: ResolvedMatrix, extra: Iterable[tuple[str, str, str, int, int
     eng = engine_for(m)
     gpus = load_gpus()
     space = query_space(m, extra)
-    labels = {b: str(m.backends.get(b, {}).get("label", b)) for b in m.backends}
+    # The product's backends only: a test plugin loaded in the process is no part of the published pages.
+    labels = {b: str(m.backends.get(b, {}).get("label", b)) for b in m.backends if not is_test_only(m, b)}
     out: dict[str, str] = {}
     index_archs = []
     for arch in sorted({a for a, _ in space}, key=arch_sort_key):

@@ -167,3 +167,23 @@ def vendored_selector(text: str, folder: Path, name: str = "gen_selector"):
 @pytest.fixture
 def load_selector() -> Callable:
     return vendored_selector
+
+
+def checkout_copy(dest: Path) -> Path:
+    """A checkout of its own at `dest`: a copy of this checkout's matrix data, docs and every generated code file
+    (the selector and each engine's module), the parts `generate` and `check` read and write."""
+    import shutil
+
+    from attnmatrix.generator.render import SELECTOR_PATH
+
+    from attnmatrix.engines.vllm.module import MODULE_PATH
+
+    repo = Path(__file__).resolve().parent.parent
+    (dest / "matrix").mkdir(parents=True)
+    shutil.copytree(repo / "matrix" / "data", dest / "matrix" / "data")
+    shutil.copy(repo / "mkdocs.yml", dest / "mkdocs.yml")
+    shutil.copytree(repo / "site", dest / "site")
+    for rel in (SELECTOR_PATH, MODULE_PATH):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(repo / rel, dest / rel)
+    return dest

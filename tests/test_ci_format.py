@@ -4,13 +4,12 @@ annotations on the record or generated line that failed."""
 from __future__ import annotations
 
 import re
-import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import build_record, dump_jsonl
+from conftest import build_record, checkout_copy, dump_jsonl
 
 from attnmatrix import ci_format as ci
 from attnmatrix.cli import main
@@ -133,14 +132,7 @@ def test_validate_json_and_format_conflict():
 
 
 def tree_of(tmp_path: Path) -> Path:
-    root = tmp_path / "tree"
-    (root / "matrix").mkdir(parents=True)
-    shutil.copytree(REPO / "matrix" / "data", root / "matrix" / "data")
-    shutil.copy(REPO / "mkdocs.yml", root / "mkdocs.yml")
-    shutil.copytree(REPO / "site", root / "site")
-    (root / "attnmatrix").mkdir()
-    shutil.copy(REPO / "attnmatrix" / "selector.py", root / "attnmatrix" / "selector.py")
-    return root
+    return checkout_copy(tmp_path / "tree")
 
 
 @pytest.mark.slow

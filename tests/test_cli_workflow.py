@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner, Result
+from conftest import checkout_copy
 
 from attnmatrix import project
 from attnmatrix.cli import main
@@ -31,14 +31,7 @@ def sha(p: Path) -> str:
 
 def tree_of(tmp_path: Path) -> Path:
     """A copy of the checkout's matrix, docs and selector: a checkout of its own."""
-    root = tmp_path / "tree"
-    (root / "matrix").mkdir(parents=True)
-    shutil.copytree(REPO / "matrix" / "data", root / "matrix" / "data")
-    shutil.copy(REPO / "mkdocs.yml", root / "mkdocs.yml")
-    shutil.copytree(REPO / "site", root / "site")
-    (root / "attnmatrix").mkdir()
-    shutil.copy(REPO / "attnmatrix" / "selector.py", root / "attnmatrix" / "selector.py")
-    return root
+    return checkout_copy(tmp_path / "tree")
 
 
 def files_of(root: Path) -> dict[str, str]:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import glob
 import re
 import shlex
-import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import checkout_copy
 
 from attnmatrix.cli import main
 
@@ -38,14 +38,7 @@ def test_the_examples_are_attnmatrix_commands_in_a_green_order():
 
 
 def fresh_checkout(tmp_path: Path) -> Path:
-    root = tmp_path / "clone"
-    (root / "matrix").mkdir(parents=True)
-    shutil.copytree(REPO / "matrix" / "data", root / "matrix" / "data")
-    shutil.copy(REPO / "mkdocs.yml", root / "mkdocs.yml")
-    shutil.copytree(REPO / "site", root / "site")
-    (root / "attnmatrix").mkdir()
-    shutil.copy(REPO / "attnmatrix" / "selector.py", root / "attnmatrix" / "selector.py")
-    return root
+    return checkout_copy(tmp_path / "clone")
 
 
 @pytest.mark.slow
