@@ -158,15 +158,22 @@ BACKEND_FIELDS = {"capability", "head_size", "dtype", "has_sink", "has_sliding_w
                   "priorities", "refused", "backend", "log"}
 
 
-def load_answers(path: str | os.PathLike) -> Answers:
-    """Read and check an answers file; OracleError names the file, record and field that is wrong."""
+def read_schema_doc(path: str | os.PathLike, schema: object, what: str, error: type[Exception]) -> dict:
+    """A JSON document of ours at `path` whose "schema" is `schema`; `error` names the file and what is wrong."""
     p = Path(path)
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise OracleError(f"{p}: unreadable vLLM answers file: {e}") from e
-    if not isinstance(doc, dict) or doc.get("schema") != ANSWERS_SCHEMA:
-        raise OracleError(f"{p}: schema is not {ANSWERS_SCHEMA}")
+        raise error(f"{p}: unreadable {what}: {e}") from e
+    if not isinstance(doc, dict) or doc.get("schema") != schema:
+        raise error(f"{p}: schema is not {schema}")
+    return doc
+
+
+def load_answers(path: str | os.PathLike) -> Answers:
+    """Read and check an answers file; OracleError names the file, record and field that is wrong."""
+    p = Path(path)
+    doc = read_schema_doc(p, ANSWERS_SCHEMA, "vLLM answers file", OracleError)
     missing = REQUIRED - set(doc)
     if missing:
         raise OracleError(f"{p}: missing fields {', '.join(sorted(missing))}")

@@ -9,13 +9,13 @@ The query logic is `attnmatrix.selector_engine.EngineProfile`; the template only
 
 from __future__ import annotations
 
-import json
 import pprint
 from pathlib import Path
 
 from attnmatrix.generator import render as R
 from attnmatrix.matrix.policy import ResolvedMatrix
 
+from .answers import read_schema_doc
 from .names import DATA_DIR, PINNED_VLLM
 
 MODULE_PATH = "attnmatrix/engines/vllm/selection.py"
@@ -45,12 +45,7 @@ def profile_file(data_dir: str | Path) -> Path:
 def load_profile(path: str | Path) -> dict:
     """Read and check a call profile (ProfileError names the file, record and field that is wrong)."""
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ProfileError(f"{p}: unreadable call profile: {e}") from e
-    if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
-        raise ProfileError(f"{p}: schema is not {PROFILE_SCHEMA}")
+    doc = read_schema_doc(p, PROFILE_SCHEMA, "call profile", ProfileError)
     missing = [k for k in PROFILE_FIELDS if k not in doc]
     if missing:
         raise ProfileError(f"{p}: missing fields {', '.join(missing)}")
