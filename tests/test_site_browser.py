@@ -10,6 +10,7 @@ tests skip and say why.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import html.parser
@@ -85,11 +86,18 @@ def site(tmp_path_factory):
                         "-d", str(out)], capture_output=True, text=True, cwd=root,
                        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(out)))
+    with serving(out) as url:
+        yield url, root
+
+
+@contextlib.contextmanager
+def serving(directory: Path):
+    """A built site served over HTTP on a free loopback port, for as long as the block runs; yields its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(directory)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", root
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
     finally:
         server.shutdown()
         server.server_close()
@@ -387,15 +395,8 @@ def _real_site(tmp_path_factory):
 def real_site(tmp_path_factory):
     """The committed site, built and served (the published data, not a hand-built matrix)."""
     out = _real_site(tmp_path_factory)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(out)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", out
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(out) as url:
+        yield url, out
 
 
 PRESETS = ("gpt-oss-120b", "gemma-2-27b", "llama-3.1-8b")
