@@ -148,13 +148,18 @@ def _positive(v: object, where: str, *, upper: int | None = None) -> int:
     return v
 
 
-def _layer(d: object, where: str) -> LayerType:
+def _check_fields(d: object, known: set[str], where: str) -> None:
+    """`d` is an object whose every field is one of `known`."""
     if not isinstance(d, dict):
         raise ModelError(f"{where}: expected an object, got {d!r}")
-    unknown = set(d) - LAYER_FIELDS
+    unknown = set(d) - known
     if unknown:
         raise ModelError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} (known: "
-                         f"{', '.join(sorted(LAYER_FIELDS))})")
+                         f"{', '.join(sorted(known))})")
+
+
+def _layer(d: object, where: str) -> LayerType:
+    _check_fields(d, LAYER_FIELDS, where)
     if not isinstance(d.get("type"), str) or not d["type"]:
         raise ModelError(f"{where}.type: expected a name, got {d.get('type')!r}")
     ints = {k: _positive(d.get(k), f"{where}.{k}", upper=MAX_HEAD_DIM if k == "head_dim" else None)
@@ -237,12 +242,7 @@ def _check_against_config(m: Model, where: str) -> None:
 
 
 def _model(name: str, d: object, where: str) -> Model:
-    if not isinstance(d, dict):
-        raise ModelError(f"{where}: expected an object, got {d!r}")
-    unknown = set(d) - MODEL_FIELDS
-    if unknown:
-        raise ModelError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} (known: "
-                         f"{', '.join(sorted(MODEL_FIELDS))})")
+    _check_fields(d, MODEL_FIELDS, where)
     for k in ("family", "repo", "file", "source"):
         if not isinstance(d.get(k), str) or not d[k]:
             raise ModelError(f"{where}.{k}: expected a non-empty string, got {d.get(k)!r}")
