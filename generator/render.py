@@ -28,11 +28,15 @@ from attnmatrix.matrix.policy import ResolvedMatrix
 from attnmatrix.vocabulary import QUERY_PARAMS, capability_label
 
 from . import capabilities as C
+from . import cell_data as CD
+from . import decision_tables as DT
 from . import links as L
+from . import page_format as PF
 from . import pages as PG
 from . import plots as P
 from . import pyliteral as PL
 from . import query_page as Q
+from . import support_matrix as SM
 from . import tables as T
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -122,7 +126,7 @@ def html_comment(v: Any) -> Raw:
     return Raw(html.escape(s, quote=False).replace("\r", " ").replace("\n", " ").replace("--", "-&#45;"))
 
 
-def claims(cs: list[PG.Claim], page_prefix: str = "") -> Raw:
+def claims(cs: list[SM.Claim], page_prefix: str = "") -> Raw:
     """A support-matrix cell: items with their mark, grouped, each group with the archs where it holds."""
     if not cs:
         return Raw(T.UNSUPPORTED_MARK)
@@ -180,10 +184,10 @@ _LATENCY_RE = re.compile(r"\blatency (\d+(?:\.\d+)?(?:e[-+]?\d+)?) ms")
 def page_latencies(texts: Iterable[str]) -> list[str]:
     """The engine's explanations with each `latency X ms` to 2 significant figures, for pages: reruns vary by about
     ±10%, so further digits are noise to a reader (the selector's explain and the JSON keep the recorded value)."""
-    return [_LATENCY_RE.sub(lambda mo: f"latency {PG.sig2(float(mo.group(1)))} ms", str(t)) for t in texts]
+    return [_LATENCY_RE.sub(lambda mo: f"latency {PF.sig2(float(mo.group(1)))} ms", str(t)) for t in texts]
 
 
-def arch_links(cs: list[PG.Claim], prefix: str) -> Raw:
+def arch_links(cs: list[SM.Claim], prefix: str) -> Raw:
     return Raw(", ".join(f"[{md_escape(capability_label(c.label))}]({prefix}{md_escape(c.label)}.md) {c.mark}"
                          for c in cs) or T.UNSUPPORTED_MARK)
 
@@ -262,13 +266,13 @@ def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
     out: dict[str, str] = {}
     kv = dict(h["kernel_versions"])
     presets = Q.load_presets(meta.get("models"))
-    layers = PG.decision_layers(presets)
+    layers = DT.decision_layers(presets)
     pages = PG.arch_pages(m, layers)
     plots = P.plot_index(m)
     out[SUPPORT_MATRIX_PATH] = MD_ENV.get_template("support-matrix.md.j2").render(
-        h=h, rows=PG.backend_rows(m, kv), measured=[p.arch for p in pages if p.fastest], marks=T.TIER_MARK,
+        h=h, rows=SM.backend_rows(m, kv), measured=[p.arch for p in pages if p.fastest], marks=T.TIER_MARK,
         unsupported=T.UNSUPPORTED_MARK, unknown=T.UNKNOWN_MARK, policy_doc=(policy.__doc__ or "").strip(),
-        feature_columns=[c for c, _ in PG.FEATURE_COLUMNS], archs=[p.arch for p in pages],
+        feature_columns=[c for c, _ in SM.FEATURE_COLUMNS], archs=[p.arch for p in pages],
         plots=list(plots.values()), panels=P.PANELS,
     )
     arch_tpl = MD_ENV.get_template("arch.md.j2")
@@ -279,15 +283,15 @@ def render_docs(m: ResolvedMatrix, meta: dict) -> dict[str, str]:
         out[f"{ARCH_PAGE_DIR}/{page.arch}.md"] = arch_tpl.render(
             h=h, page=page, marks=T.TIER_MARK, unsupported=T.UNSUPPORTED_MARK, unknown=T.UNKNOWN_MARK,
             plot=plots.get(page.arch), panels=P.PANELS, cov=cov.get(page.arch), presets=bool(presets))
-    out.update(PG.cells_files(m))
-    queries = Q.query_files(m, PG.decision_queries(m, layers) + Q.preset_queries(m, presets), presets)
+    out.update(CD.cells_files(m))
+    queries = Q.query_files(m, DT.decision_queries(m, layers) + Q.preset_queries(m, presets), presets)
     out.update(queries)
     out[QUERY_PAGE_PATH] = MD_ENV.get_template("query.md.j2").render(
         h=h, archs=[a for a in {p.split("/")[-1].split("-")[0] for p in queries} if a != "index.json"],
         total=sum(len(json.loads(t).get("answers", {})) for t in queries.values()))
     out[DATA_PAGE_PATH] = MD_ENV.get_template("data.md.j2").render(
-        h=h, columns=[(c, *PG.COLUMN_DOCS[c]) for c in PG.CELL_COLUMNS], timing_columns=PG.TIMING_COLUMNS,
-        schema=PG.CELLS_SCHEMA, files=sorted(p.removeprefix("site/") for p in out if p.startswith(PG.CELLS_DIR)))
+        h=h, columns=[(c, *CD.COLUMN_DOCS[c]) for c in CD.CELL_COLUMNS], timing_columns=CD.TIMING_COLUMNS,
+        schema=CD.CELLS_SCHEMA, files=sorted(p.removeprefix("site/") for p in out if p.startswith(CD.CELLS_DIR)))
     out[MLA_PREFILL_PATH] = MD_ENV.get_template("mla-prefill.md.j2").render(h=h, archs=T.mla_tables(m, Q.mla_models(
         presets) if presets else None))
     out[FA_VERSION_PATH] = MD_ENV.get_template("fa-version.md.j2").render(

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from attnmatrix.generator import page_format as PF
 from attnmatrix.generator import pages as PG
 from attnmatrix.generator import render_docs
 from attnmatrix.matrix.evidence import Evidence
@@ -71,20 +72,20 @@ def page(m, arch):
 
 
 def test_two_significant_figures():
-    assert [PG.sig2(x) for x in (0.33715, 7.47562, 30.7008, 1234.5, 0.0995, 0.996, 0.00012345, 0.3, 123.456)] == \
+    assert [PF.sig2(x) for x in (0.33715, 7.47562, 30.7008, 1234.5, 0.0995, 0.996, 0.00012345, 0.3, 123.456)] == \
         ["0.34", "7.5", "31", "1200", "0.10", "1.0", "0.00012", "0.30", "120"]
-    assert PG.sig2(None) == "" and PG.sig2(0.0) == "0"
+    assert PF.sig2(None) == "" and PF.sig2(0.0) == "0"
     with pytest.raises(ValueError):
-        PG.sig2(float("inf"))
+        PF.sig2(float("inf"))
 
 
 def test_natural_order_of_feature_sets_and_head_sizes():
     sets = [("causal", "paged_kv:128"), ("causal", "paged_kv:16"), ("sliding_window",), (), ("causal", "softcap"),
             ("causal", "paged_kv:256"), ("causal",), ("causal", "paged_kv:64")]
-    assert [PG.feature_label(f) for f in sorted(sets, key=PG.feature_set_key)] == [
+    assert [PF.feature_label(f) for f in sorted(sets, key=PF.feature_set_key)] == [
         "none", "causal", "sliding_window", "causal + softcap", "causal + paged_kv:16", "causal + paged_kv:64",
         "causal + paged_kv:128", "causal + paged_kv:256"]
-    assert [PG.dims_label(d) for d in sorted([(256, 256), (192, 128), (64, 64), (128, 128)], key=PG.dims_key)] == \
+    assert [PF.dims_label(d) for d in sorted([(256, 256), (192, 128), (64, 64), (128, 128)], key=PF.dims_key)] == \
         ["64", "128", "256", "192×128"]
 
 
@@ -114,7 +115,7 @@ def test_grid_and_legends_show_each_reason_and_source_once():
     assert row["causal + alibi"] == f"X {alibi_id}"
     reasons = {rid: (text, backends, n) for rid, text, backends, n in p.reasons}
     text, backends, n = reasons[alibi_id]
-    assert backends == ["fa4"] and n == 3 and len(text) <= PG.REASON_PREVIEW and text.startswith("RuntimeError")
+    assert backends == ["fa4"] and n == 3 and len(text) <= PF.REASON_PREVIEW and text.startswith("RuntimeError")
     # the declared citation appears once in the page's source list, not once per cell
     out = render_docs(m, META)["site/archs/sm_90.md"]
     assert out.count("Dao-AILab/flash-attention@abc:README.md:10") == 1

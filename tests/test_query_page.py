@@ -10,8 +10,9 @@ import re
 from pathlib import Path
 
 import pytest
+from attnmatrix.generator import cell_data as CD
+from attnmatrix.generator import decision_tables as DT
 from attnmatrix.generator import links as L
-from attnmatrix.generator import pages as PG
 from attnmatrix.generator import query_page as Q
 from attnmatrix.generator import tables as T
 from attnmatrix.generator.capabilities import engine_for
@@ -45,7 +46,7 @@ def test_every_published_answer_is_the_engines_explain():
     """On a hand-built matrix: every query of every published file decodes to explain_query's answer exactly."""
     m = matrix()
     eng = engine_for(m)
-    files = Q.query_files(m, PG.decision_queries(m))
+    files = Q.query_files(m, DT.decision_queries(m))
     assert f"{Q.QUERY_DIR}/index.json" in files
     n = 0
     for path, text in files.items():
@@ -133,16 +134,16 @@ def test_data_page_schema_matches_the_files():
     every timing entry in the documented timing columns, figures at most 4 significant digits."""
     page = (REPO / "site" / "data.md").read_text(encoding="utf-8")
     cols = documented_columns(page)
-    assert [c for c, _ in cols] == list(PG.CELL_COLUMNS)
+    assert [c for c, _ in cols] == list(CD.CELL_COLUMNS)
     kinds = dict(cols)
     files = sorted((REPO / "site" / "data").glob("*/*.json"))
     cells_files = [f for f in files if f.parent.name != "query"]
     assert len(cells_files) > 50
     for f in cells_files:
         d = json.loads(f.read_text(encoding="utf-8"))
-        assert d["schema"] == PG.CELLS_SCHEMA and f"`{PG.CELLS_SCHEMA}`" in page
+        assert d["schema"] == CD.CELLS_SCHEMA and f"`{CD.CELLS_SCHEMA}`" in page
         assert d["columns"] == [c for c, _ in cols], f
-        assert d["timing_columns"] == list(PG.TIMING_COLUMNS) and all(f"`{c}`" in page for c in d["timing_columns"])
+        assert d["timing_columns"] == list(CD.TIMING_COLUMNS) and all(f"`{c}`" in page for c in d["timing_columns"])
         for row in d["cells"]:
             for c, v in zip(d["columns"], row, strict=True):
                 check_value(c, kinds[c], v)
@@ -153,7 +154,7 @@ def test_data_page_schema_matches_the_files():
             assert cell["reason"] is None or cell["reason"] in d["reasons"]
             assert cell["sources"] is None or cell["sources"] in d["sources"]
             for t in cell["timings"]:
-                assert len(t) == len(PG.TIMING_COLUMNS) and isinstance(t[0], str) and t[1] > 0, (f, t)
+                assert len(t) == len(CD.TIMING_COLUMNS) and isinstance(t[0], str) and t[1] > 0, (f, t)
 
 
 def test_whole_matrix_download_is_every_cell():
@@ -162,7 +163,7 @@ def test_whole_matrix_download_is_every_cell():
     spec.loader.exec_module(hooks)
     text, csv_text = hooks.whole_matrix(REPO / "site" / "data")
     whole = json.loads(text)
-    assert whole["columns"] == ["arch", "backend", *PG.CELL_COLUMNS]
+    assert whole["columns"] == ["arch", "backend", *CD.CELL_COLUMNS]
     files = [json.loads(f.read_text(encoding="utf-8")) for f in (REPO / "site" / "data").glob("*/*.json")
              if f.parent.name != "query"]
     assert whole["cells"] == len(whole["rows"]) == sum(len(d["cells"]) for d in files)

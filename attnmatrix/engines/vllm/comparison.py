@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnmatrix.generator import pages as PG
+from attnmatrix.generator import page_format as PF
 from attnmatrix.generator import render as R
 from attnmatrix.generator import tables as T
 from attnmatrix.matrix.cases import OPS, feature_name
@@ -202,7 +202,7 @@ def comparisons(m: ResolvedMatrix, answers: O.Answers | None = None) -> list[Com
 
 def fmt_ms(ms: float | None) -> str:
     """A latency as every page writes one: ms, 2 significant figures (reruns vary by about ±10%)."""
-    return "–" if ms is None else f"{PG.sig2(ms)} ms"
+    return "–" if ms is None else f"{PF.sig2(ms)} ms"
 
 
 def fmt_tflops(x: float | None) -> str:
