@@ -54,6 +54,22 @@ def test_explain_help_documents_every_option_with_examples():
     assert undocumented == []
 
 
+def test_probe_help_names_every_backend_backends_json_declares(monkeypatch):
+    from attnmatrix.matrix import backends as registry
+
+    r = CliRunner().invoke(main, ["probe", "--help"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    gpu = [n for n in registry.names(include_plugins=False) if registry.info(n).device == "cuda"]
+    cpu = [n for n in registry.names(include_plugins=False) if registry.info(n).device == "cpu"]
+    assert len(gpu) > 10 and f"GPU backends ({', '.join(gpu)}) need an NVIDIA GPU" in text
+    assert f"{', '.join(cpu)} runs anywhere" in text and "{cuda_backends}" not in text
+    # read from the registry when the help is shown: a backend declared later is listed too
+    monkeypatch.setattr("attnmatrix.workflow.backends_for", lambda device: [f"new_{device}_backend"])
+    again = " ".join(CliRunner().invoke(main, ["probe", "--help"]).output.split())
+    assert "GPU backends (new_cuda_backend)" in again and "new_cpu_backend runs anywhere" in again
+
+
 @pytest.mark.parametrize("args", [["show", "--arch", "sm_90", "--backend", "fa2", "--limit", "1"],
                                   ["diff", "embedded", "embedded"]])
 def test_commands_that_read_the_matrix_name_it_on_stderr(args):

@@ -230,6 +230,24 @@ def build_space(arch: str, backends: list[str], head_dims, features_spec, ops, d
                            feature_sets=parse_feature_sets(features_spec), ops=csv(ops, OPS, "--ops")))
 
 
+class BackendListsCommand(click.Command):
+    """A command whose help names the product's backends by device, as matrix/data/backends.json declares them
+    when the help is shown: `{cuda_backends}` and `{cpu_backends}` in its docstring become those lists, so the
+    help cannot drift from the registry."""
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from attnmatrix import workflow
+
+        written = self.help
+        if written:
+            self.help = written.replace("{cuda_backends}", ", ".join(workflow.backends_for("cuda"))).replace(
+                "{cpu_backends}", ", ".join(workflow.backends_for("cpu")))
+        try:
+            super().format_help_text(ctx, formatter)
+        finally:
+            self.help = written
+
+
 def parse_backends(spec: str | None) -> list[str] | None:
     """The backends named by --backends (None when not given); unknown names are a usage error."""
     from attnmatrix.matrix import backends as registry

@@ -18,6 +18,7 @@ from attnmatrix.matrix.storage import InputError, ResultStore, check_result_file
 from .common import (
     DEFAULT_RESULTS,
     EXIT_FAILED,
+    BackendListsCommand,
     UsageError,
     build_space,
     count_callback,
@@ -197,7 +198,7 @@ def print_summary(summary, out: Path, as_json: bool) -> None:
         click.echo(tabulate([[k, v] for k, v in data.items()], tablefmt="simple"))
 
 
-@main.command()
+@main.command(cls=BackendListsCommand)
 @space_options
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Result file (JSON Lines). Re-running with the same file resumes; a file that is not a result "
@@ -235,10 +236,10 @@ def probe(backends, head_dims, features_spec, ops, dtypes, out, workers, gpus, t
           timed_dtypes, budget_ms, device, executor, address, archs, chunk_size, as_json) -> None:
     """Sweep kernels on this machine, or on a fleet through Ray; every case gets an outcome, written as it finishes.
 
-    GPU backends (fa2, fa3, fa4, flashinfer, trtllm_*, sdpa_flash/efficient/cudnn/math) need an NVIDIA GPU:
-    on a machine without one they are refused before anything starts (exit 2, nothing written); sdpa_cpu
-    runs anywhere. A named backend that is not installed is refused the same way; by default every installed
-    backend of the device is probed and the others are listed as not installed.
+    GPU backends ({cuda_backends}) need an NVIDIA GPU: on a machine without one they are refused before anything
+    starts (exit 2, nothing written); {cpu_backends} runs anywhere. A named backend that is not installed is
+    refused the same way; by default every installed backend of the device is probed and the others are listed as
+    not installed.
 
     Each case runs in a worker subprocess: a crash or hang is recorded (`crash`, `timeout`) and the
     worker replaced. Kill the sweep at any point and run the same command again: recorded cases
@@ -425,8 +426,9 @@ def xcompile(archs, backends, head_dims, features_spec, ops, dtypes, out, worker
     names = parse_backends(backends) or ["fa4"]
     cannot = [n for n in names if load_backend(n).compile_only is None]
     if cannot:
-        raise UsageError(f"--backends: {', '.join(cannot)} cannot be cross-compiled (only the CuTe DSL FA4 copies, "
-                         "fa4 and vllm_fa4, compile without a GPU)")
+        can = [n for n in workflow.backends_for("cuda") if load_backend(n).compile_only is not None]
+        raise UsageError(f"--backends: {', '.join(cannot)} cannot be cross-compiled (only {', '.join(can)} compile "
+                         "without a GPU)")
     try:
         targets = [xc.normalize_target(a) for a in (archs or xc.DEFAULT_TARGETS)]
     except (CaseError, ValueError) as e:
