@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from attnmatrix.kernels import ray_cluster as rc
 from attnmatrix.kernels import ray_executor as rx
 from attnmatrix.kernels.env import device_provenance
 from attnmatrix.kernels.probe import ProbeConfig
@@ -52,9 +53,9 @@ def main() -> None:
     results = {"local": {"workers": SLOTS, "wall_s": round(local_s, 2), "cases_per_s": round(n / local_s, 2),
                          "outcomes": dict(local.outcomes)}}
 
-    ray = rx.import_ray()
+    ray = rc.import_ray()
     t0 = time.perf_counter()
-    with rx.ray_session(None, num_cpus=SLOTS):
+    with rc.ray_session(None, num_cpus=SLOTS):
         start_s = time.perf_counter() - t0
         runs = {"ray_auto_chunks": rx.FleetConfig(cpus_per_task=1),
                 "ray_one_chunk_per_slot": rx.FleetConfig(chunk_size=-(-n // SLOTS), cpus_per_task=1)}

@@ -1,7 +1,8 @@
 """Fleet probing through Ray: one sweep over the GPUs of many machines, into one resumable store.
 
-`attnmatrix probe --executor ray` runs here. Ray is imported lazily, only by this module's functions:
-the rest of attnmatrix imports and works without Ray installed (`pip install 'attnmatrix[ray]'`).
+`attnmatrix probe --executor ray` runs here. Ray is imported lazily, only by the functions of this module
+and of its two parts, `ray_cluster` (connecting, lanes) and `ray_task` (what a task runs on a node): the rest of
+attnmatrix imports and works without Ray installed (`pip install 'attnmatrix[ray]'`).
 
 Design (the decisions, and why):
 
@@ -13,7 +14,7 @@ Design (the decisions, and why):
   nodes, how many tasks can run there at once). A node labelled with the custom resource
   `attnmatrix_arch_<arch>` (e.g. `ray start --resources '{"attnmatrix_arch_sm_90": 8}'`) belongs to that
   arch, whatever its GPU; an unlabelled GPU node is placed by Ray's own accelerator-type resource
-  (`accelerator_type:H200` -> sm_90, table `ACCELERATOR_ARCH`). A lane's capacity is its nodes' GPU
+  (`accelerator_type:H200` -> sm_90, table `ray_cluster.ACCELERATOR_ARCH`). A lane's capacity is its nodes' GPU
   count (one task per GPU); for arch `cpu` it is their CPUs divided by the CPUs a task takes. Tasks ask
   for 0.001 of the lane resource (a label, as Ray's own `accelerator_type=` option does) plus one GPU.
 - **Chunks as streaming tasks.** Each arch's cases are cut into small chunks; a chunk is one Ray task
@@ -42,181 +43,26 @@ Design (the decisions, and why):
 
 from __future__ import annotations
 
-import logging
 import math
-import os
-import queue
-import tempfile
-import threading
 import time
-import traceback
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from attnmatrix.matrix.cases import Case, CaseError, normalize_arch
 from attnmatrix.matrix.records import Record, parse_record
 from attnmatrix.matrix.storage import ResultStore
 
-from .probe import ProbeConfig
-from .runner import RunnerConfig, RunSummary, pending_cases, run_cases
-from .timing import PEAK_ENV, peak_env
+from .ray_cluster import ARCH_RESOURCE_PREFIX, Lane, import_ray, live_lanes
+from .ray_task import probe_chunk
+from .runner import RunnerConfig, RunSummary, pending_cases
 
-ARCH_RESOURCE_PREFIX = "attnmatrix_arch_"
-ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"
-INSTALL_HINT = "pip install 'attnmatrix[ray]'"
 MIN_AUTO_CHUNK, MAX_AUTO_CHUNK = 16, 64
 LABEL_AMOUNT = 0.001  # how much of a label resource a task asks for: any node that has the label fits
-
-# Ray's accelerator types (ray.util.accelerators) -> the matrix arch of that GPU. A GPU missing here is
-# placed by labelling its nodes with `attnmatrix_arch_<arch>` instead.
-ACCELERATOR_ARCH: dict[str, str] = {
-    "V100": "sm_70",
-    "T4": "sm_75",
-    "A100": "sm_80", "A100-40G": "sm_80", "A100-80G": "sm_80",
-    "A10G": "sm_86",
-    "L4": "sm_89", "L40S": "sm_89",
-    "H100": "sm_90", "H200": "sm_90", "H20": "sm_90", "GH200": "sm_90",
-    "B200": "sm_100", "GB200": "sm_100",
-    "B300": "sm_103", "GB300": "sm_103",
-    "RTX-PRO-6000": "sm_120",
-}
-
-
-class RayMissing(RuntimeError):
-    """Ray is not installed; the message says how to install it."""
 
 
 class FleetError(RuntimeError):
     """The fleet cannot run the sweep as asked (no node for an arch, a mislabelled node ...)."""
-
-
-def import_ray():
-    """`import ray`, or RayMissing with the install command."""
-    try:
-        import ray
-    except ImportError as e:
-        raise RayMissing(f"the ray executor needs Ray, which is not installed ({e}): {INSTALL_HINT}") from None
-    return ray
-
-
-@contextmanager
-def ray_session(address: str | None = None, **init_kwargs) -> Iterator[object]:
-    """Connect to the Ray cluster at `address` (`auto`: the one `ray start --head` runs on this machine), or
-    start a new local Ray instance without one. A Ray already initialised in this process is used as it is and
-    left running; one started here is shut down on exit."""
-    ray = import_ray()
-    if ray.is_initialized():
-        yield ray
-        return
-    kwargs = {"logging_level": logging.WARNING, "log_to_driver": False, **init_kwargs}
-    if address:
-        kwargs["address"] = address
-    else:
-        # "local": always a new instance. Without an address Ray would first look for a cluster that
-        # `ray start` left on this machine, and wait for it, possibly forever, if it is gone.
-        kwargs["address"] = "local"
-        kwargs.setdefault("include_dashboard", False)
-    ray.init(**kwargs)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
-# --- lanes ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Lane:
-    """Where the cases of one arch can run: the nodes selected by `resource`, `capacity` tasks at once."""
-
-    arch: str
-    resource: str | None  # the label a task asks for (None: any node with CPUs, arch `cpu` only)
-    capacity: int
-    nodes: list[str] = field(default_factory=list)  # node ids (short)
-
-    @property
-    def key(self) -> tuple[str, str | None]:
-        return (self.arch, self.resource)
-
-    @property
-    def device(self) -> str:
-        return "cpu" if self.arch == "cpu" else "cuda"
-
-    def describe(self) -> str:
-        via = self.resource or "CPU"
-        return f"{self.arch} via {via}: {self.capacity} slot(s) on {len(self.nodes)} node(s)"
-
-
-def discover_lanes(nodes: Iterable[dict], *, cpus_per_task: int = 1) -> tuple[list[Lane], list[str]]:
-    """The lanes that the live `nodes` (as `ray.nodes()` lists them) offer, and notes on nodes left out.
-
-    Pure function of the node list, so the mapping is testable without a cluster.
-    """
-    nodes = [n for n in nodes if n.get("Alive", n.get("alive", False))]
-    labelled_cpu = any(f"{ARCH_RESOURCE_PREFIX}cpu" in (n.get("Resources") or {}) for n in nodes)
-    lanes: dict[tuple[str, str | None], Lane] = {}
-    notes: list[str] = []
-
-    def add(arch: str, resource: str | None, capacity: int, node: str) -> None:
-        if capacity <= 0:
-            return
-        lane = lanes.setdefault((arch, resource), Lane(arch, resource, 0))
-        lane.capacity += capacity
-        lane.nodes.append(node)
-
-    for n in nodes:
-        res = n.get("Resources") or {}
-        node = str(n.get("NodeID", "?"))[:8]
-        gpus = int(res.get("GPU", 0))
-        cpu_slots = int(res.get("CPU", 0) // max(1, cpus_per_task))
-        labels = [k for k in res if k.startswith(ARCH_RESOURCE_PREFIX)]
-        gpu_labelled = False
-        for k in labels:
-            try:
-                arch = normalize_arch(k[len(ARCH_RESOURCE_PREFIX):])
-            except CaseError:
-                notes.append(f"node {node}: resource {k!r} names no arch (e.g. {ARCH_RESOURCE_PREFIX}sm_90); ignored")
-                continue
-            if arch == "cpu":
-                add("cpu", k, cpu_slots, node)
-            else:
-                gpu_labelled = True
-                add(arch, k, gpus, node)
-                if not gpus:
-                    notes.append(f"node {node}: labelled {k} but has no GPU resource; ignored")
-        if not labelled_cpu:
-            add("cpu", None, cpu_slots, node)
-        if gpu_labelled or not gpus:
-            continue
-        types = [k[len(ACCELERATOR_RESOURCE_PREFIX):] for k in res if k.startswith(ACCELERATOR_RESOURCE_PREFIX)]
-        known = [t for t in types if t in ACCELERATOR_ARCH]
-        if known:
-            add(ACCELERATOR_ARCH[known[0]], ACCELERATOR_RESOURCE_PREFIX + known[0], gpus, node)
-        else:
-            what = f"GPU type {', '.join(types)}" if types else "GPUs of no known type"
-            notes.append(f"node {node}: {gpus} {what}; label it with --resources "
-                         f"'{{\"{ARCH_RESOURCE_PREFIX}sm_XX\": {gpus}}}' to probe it")
-    return sorted(lanes.values(), key=lambda lane: (lane.arch, lane.resource or "")), notes
-
-
-def live_lanes(ray, *, cpus_per_task: int = 1) -> tuple[list[Lane], list[str]]:
-    return discover_lanes(ray.nodes(), cpus_per_task=cpus_per_task)
-
-
-def fleet_device(lanes: list[Lane], device: str) -> str:
-    """`auto`: the GPUs if the fleet has any, else the CPUs."""
-    if device != "auto":
-        return device
-    return "cuda" if any(lane.arch != "cpu" for lane in lanes) else "cpu"
-
-
-def fleet_archs(lanes: list[Lane], device: str) -> list[str]:
-    """The archs the fleet can probe on `device` (`cpu` or `cuda`)."""
-    return sorted({lane.arch for lane in lanes if (lane.arch == "cpu") == (device == "cpu")})
 
 
 def auto_chunk_size(n_cases: int, capacity: int) -> int:
@@ -241,74 +87,6 @@ def check_arch(rec: Record) -> str | None:
         return (f"case {rec.key} ran on a GPU of capability {cap} ({ran_on}, "
                 f"{rec.provenance.get('device', 'unknown device')}), not {rec.case.arch}")
     return None
-
-
-# --- what a task runs on a node ---------------------------------------------------------------------------
-
-_PEAK_CACHE: dict[tuple, dict[str, str]] = {}
-
-
-def _peak_env(gpus: list[int] | None) -> dict[str, str]:
-    """The task's GPU's matmul peak as the environment workers read (`kernels.timing.peak_env`), measured
-    once per Ray worker process: in a subprocess, since the Ray worker must not hold a CUDA context (it
-    is reused for tasks on other GPUs)."""
-    key = tuple(gpus or ())
-    if key not in _PEAK_CACHE:
-        _PEAK_CACHE[key] = peak_env(gpus[0] if gpus else None)
-    return _PEAK_CACHE[key]
-
-
-def probe_chunk(case_dicts: list[dict], settings: dict) -> Iterator[tuple[str, dict]]:
-    """A Ray task (streaming generator): probe a chunk with the isolated runner, yield each record as it lands.
-
-    Yields ("start", {"node", "pid"}) first, then ("record", record dict) per case and finally
-    ("summary", {...}). Runs on the node, so the runner's worker subprocesses and their provenance are
-    the node's.
-    """
-    import ray
-
-    cases = [Case.from_dict(d) for d in case_dicts]
-    device = settings["device"]
-    probe_cfg = ProbeConfig(**{**settings["probe"], "timed_dtypes": tuple(settings["probe"]["timed_dtypes"])})
-    env = dict(settings.get("extra_env") or {})
-    workers = max(1, int(settings.get("workers", 1)))
-    gpus = None
-    if device == "cuda":
-        try:
-            gpus = [int(g) for g in ray.get_gpu_ids()] or None
-        except (TypeError, ValueError):  # UUIDs: leave CUDA_VISIBLE_DEVICES as Ray set it
-            gpus = None
-        if probe_cfg.timing and PEAK_ENV not in env:
-            env.update(_peak_env(gpus))
-    else:
-        env.setdefault("ATTNMATRIX_CPU_THREADS", str(max(1, int(settings.get("cpus", 1)) // workers)))
-    cfg = RunnerConfig(workers=workers, timeout_s=settings["timeout_s"],
-                       startup_timeout_s=settings["startup_timeout_s"], memory_limit_mb=settings.get("memory_limit_mb"),
-                       device=device, gpus=gpus, probe=probe_cfg, extra_env=env)
-    q: queue.SimpleQueue = queue.SimpleQueue()
-    node = ray.get_runtime_context().get_node_id()
-
-    def work() -> None:
-        try:
-            with tempfile.TemporaryDirectory(prefix="attnmatrix-ray-") as d, ResultStore(Path(d) / "chunk.jsonl") as st:
-                s = run_cases(cases, st, cfg, progress=lambda r: q.put(("record", r.to_dict())))
-            q.put(("summary", {"node": node, "workers_replaced": s.workers_replaced, "wall_s": s.wall_s}))
-        except BaseException:  # noqa: BLE001 - handed to the generator, which raises it in the task
-            q.put(("error", traceback.format_exc()))
-
-    # run_cases reports through a callback; a thread turns that into a stream. If the Ray worker dies, the
-    # runner's worker subprocesses die with it (PR_SET_PDEATHSIG).
-    yield "start", {"node": node, "pid": os.getpid()}
-    t = threading.Thread(target=work, name="attnmatrix-chunk", daemon=True)
-    t.start()
-    while True:
-        kind, payload = q.get()
-        if kind == "error":
-            raise RuntimeError(f"probing a chunk on node {node} failed:\n{payload}")
-        yield kind, payload
-        if kind == "summary":
-            break
-    t.join()
 
 
 # --- the driver ------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ from attnmatrix.cli import main
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'attnmatrix[ray]')")
 
-from attnmatrix.kernels import ray_executor as rx  # noqa: E402 - after the importorskip
+from attnmatrix.kernels import ray_cluster as rc  # noqa: E402 - after the importorskip
+from attnmatrix.kernels import ray_executor as rx  # noqa: E402
 
 SPACE = ["--device", "cpu", "--head-dims", "64,128", "--features", "none,causal", "--ops", "prefill",
          "--dtypes", "bfloat16", "--no-timing", "--json"]
@@ -56,7 +57,7 @@ def test_lanes_from_accelerator_types_and_labels() -> None:
         _node("oddeeeee", CPU=8, GPU=1, **{"accelerator_type:X999": 1}),  # unknown type: left out, with a note
         _node("deadffff", alive=False, CPU=8, GPU=8, **{"accelerator_type:A100": 1}),
     ]
-    lanes, notes = rx.discover_lanes(nodes, cpus_per_task=2)
+    lanes, notes = rc.discover_lanes(nodes, cpus_per_task=2)
     got = {(lane.arch, lane.resource): (lane.capacity, len(lane.nodes)) for lane in lanes}
     assert got == {
         ("cpu", None): (2 + 16 + 16 + 8 + 8 + 4, 6),
@@ -65,14 +66,14 @@ def test_lanes_from_accelerator_types_and_labels() -> None:
         ("sm_90", "accelerator_type:H200"): (16, 2),
     }
     assert len(notes) == 1 and "oddeeeee" in notes[0] and "X999" in notes[0] and "attnmatrix_arch_" in notes[0]
-    assert rx.fleet_device(lanes, "auto") == "cuda"
-    assert rx.fleet_archs(lanes, "cuda") == ["sm_100", "sm_90"] and rx.fleet_archs(lanes, "cpu") == ["cpu"]
+    assert rc.fleet_device(lanes, "auto") == "cuda"
+    assert rc.fleet_archs(lanes, "cuda") == ["sm_100", "sm_90"] and rc.fleet_archs(lanes, "cpu") == ["cpu"]
 
     # CPU-only fleet; once a node carries the cpu label, only labelled nodes probe the CPU
     cpu_only = [_node("a", CPU=2), _node("b", CPU=2, attnmatrix_arch_cpu=1)]
-    lanes, _ = rx.discover_lanes(cpu_only)
+    lanes, _ = rc.discover_lanes(cpu_only)
     assert [(lane.arch, lane.resource, lane.capacity) for lane in lanes] == [("cpu", "attnmatrix_arch_cpu", 2)]
-    assert rx.fleet_device(lanes, "auto") == "cpu"
+    assert rc.fleet_device(lanes, "auto") == "cpu"
 
 
 def test_every_mapped_accelerator_type_is_a_ray_type_and_an_arch() -> None:
@@ -80,8 +81,8 @@ def test_every_mapped_accelerator_type_is_a_ray_type_and_an_arch() -> None:
     from ray.util.accelerators import accelerators
 
     ray_types = {v for k, v in vars(accelerators).items() if k.startswith("NVIDIA_")}
-    assert set(rx.ACCELERATOR_ARCH) - {"GH200"} <= ray_types
-    assert all(normalize_arch(a) == a for a in rx.ACCELERATOR_ARCH.values())
+    assert set(rc.ACCELERATOR_ARCH) - {"GH200"} <= ray_types
+    assert all(normalize_arch(a) == a for a in rc.ACCELERATOR_ARCH.values())
 
 
 def test_auto_chunk_size() -> None:
@@ -105,7 +106,7 @@ def test_without_ray_installed(tmp_path: Path) -> None:
     # attnmatrix imports and works without Ray; --executor ray then says how to install it (exit 2).
     code = (
         "import sys; sys.modules['ray'] = None\n"
-        "import attnmatrix.cli, attnmatrix.kernels.ray_executor as rx\n"
+        "import attnmatrix.cli, attnmatrix.kernels.ray_executor\n"
         "from click.testing import CliRunner\n"
         "r = CliRunner().invoke(attnmatrix.cli.main, ['probe', '--executor', 'ray', '--device', 'cpu', "
         "'--backends', 'sdpa_cpu', '-o', sys.argv[1]])\n"

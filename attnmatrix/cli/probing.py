@@ -301,13 +301,14 @@ def _probe_fleet(*, names, head_dims, features_spec, ops, dtypes, out: Path | No
                  as_json: bool) -> None:
     """`probe --executor ray`: the case space of the cluster's archs, probed by Ray tasks (kernels/ray_executor.py).
     Installation is checked on the nodes (a backend missing there is recorded `unavailable` by its node)."""
+    from attnmatrix.kernels import ray_cluster as rc
     from attnmatrix.kernels import ray_executor as rx
     from attnmatrix.kernels.probe import ProbeConfig
     from attnmatrix.kernels.runner import RunnerConfig
 
     try:
-        rx.import_ray()
-    except rx.RayMissing as e:
+        rc.import_ray()
+    except rc.RayMissing as e:
         raise UsageError(str(e)) from None
 
     def backends_of(dev: str) -> list[str]:
@@ -320,14 +321,14 @@ def _probe_fleet(*, names, head_dims, features_spec, ops, dtypes, out: Path | No
     cpus_per_task = workers or 1
     with contextlib.ExitStack() as stack:
         try:
-            ray = stack.enter_context(rx.ray_session(address))
+            ray = stack.enter_context(rc.ray_session(address))
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise UsageError(f"--address {address or '(local)'}: cannot connect to Ray: {e}") from None
-        lanes, notes = rx.live_lanes(ray, cpus_per_task=cpus_per_task)
+        lanes, notes = rc.live_lanes(ray, cpus_per_task=cpus_per_task)
         for n in notes:
             click.echo(f"note: {n}", err=True)
-        dev = rx.fleet_device(lanes, device)
-        offered = rx.fleet_archs(lanes, dev)
+        dev = rc.fleet_device(lanes, device)
+        offered = rc.fleet_archs(lanes, dev)
         if archs:
             try:
                 targets = sorted({normalize_arch(a) for a in archs})
