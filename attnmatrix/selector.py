@@ -57,7 +57,11 @@ latency, like for like; then declared rankings; then default rank).
   sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False, varlen=False, page_size=None,
   fp8=False, fp8_kv=False)
   -> supported attnmatrix backend names, best first (feature parameters: attnmatrix.vocabulary.QUERY_PARAMS).
-- explain(...same arguments...) -> {backend: why it is in or out, with evidence ids}.
+  names="vllm" answers in vLLM's names instead (DATA['engine_names'], from matrix/data/backends.json: its
+  attention backend for prefill and decode, its MLA prefill backend for mla_prefill): each name once, where
+  its first backend stands; backends vLLM does not run (upstream flash-attn builds, ...) are left out.
+- explain(...same arguments...) -> {backend: why it is in or out, with evidence ids}; names="vllm": {vLLM
+  name: one "backend: why" line per backend it runs}.
 - get_flash_attn_version(capability, requires_alibi=False, head_size=None, head_size_v=None,
   has_sinks=False, requires_local_attention=False, requires_softcap=False, kv_cache_block_size=None)
   -> 2, 3, 4 or None, vLLM's meaning: the version of the first FlashAttention backend for that prefill
@@ -111,9 +115,25 @@ DATA = {
     'archs': ('sm_80', 'sm_86', 'sm_89', 'sm_90', 'sm_100', 'sm_103', 'sm_110', 'sm_120'),
     'default_rank_missing': 50,
     'fa_version': {'vllm_fa2': 2, 'vllm_fa3': 3, 'vllm_fa4': 4},
-    'mla_name': {
-        'flashinfer_cutlass': 'FLASHINFER', 'trtllm_ragged': 'TRTLLM_RAGGED', 'vllm_fa2': 'FLASH_ATTN',
-        'vllm_fa3': 'FLASH_ATTN', 'vllm_fa4': 'FLASH_ATTN',
+    'engine_names': {
+        'vllm': {
+            'prefill': {
+                'flashinfer': 'FLASHINFER', 'sdpa_cpu': 'TORCH_SDPA', 'sdpa_cudnn': 'TORCH_SDPA',
+                'sdpa_efficient': 'TORCH_SDPA', 'sdpa_flash': 'TORCH_SDPA', 'sdpa_math': 'TORCH_SDPA',
+                'trtllm_context': 'FLASHINFER', 'trtllm_decode': 'FLASHINFER', 'trtllm_ragged': 'FLASHINFER',
+                'vllm_fa2': 'FLASH_ATTN', 'vllm_fa3': 'FLASH_ATTN', 'vllm_fa4': 'FLASH_ATTN',
+            },
+            'decode': {
+                'flashinfer': 'FLASHINFER', 'sdpa_cpu': 'TORCH_SDPA', 'sdpa_cudnn': 'TORCH_SDPA',
+                'sdpa_efficient': 'TORCH_SDPA', 'sdpa_flash': 'TORCH_SDPA', 'sdpa_math': 'TORCH_SDPA',
+                'trtllm_context': 'FLASHINFER', 'trtllm_decode': 'FLASHINFER', 'trtllm_ragged': 'FLASHINFER',
+                'vllm_fa2': 'FLASH_ATTN', 'vllm_fa3': 'FLASH_ATTN', 'vllm_fa4': 'FLASH_ATTN',
+            },
+            'mla_prefill': {
+                'flashinfer_cutlass': 'FLASHINFER', 'trtllm_ragged': 'TRTLLM_RAGGED', 'vllm_fa2': 'FLASH_ATTN',
+                'vllm_fa3': 'FLASH_ATTN', 'vllm_fa4': 'FLASH_ATTN',
+            },
+        },
     },
     'fa_common_head_sizes': ((64, 64), (128, 128)),
     # Per arch, the backends a query considers (every backend with evidence there).

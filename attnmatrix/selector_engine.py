@@ -28,8 +28,10 @@ The data (every key required):
   it completed, scaled to theirs.
 - `declared_rankings`: (id, archs, op, dtype or None, ((head_dim, head_dim_v), ...), order, sources).
 - `default_rank`: arch -> backend -> rank (lower first); `default_rank_missing` for the others.
-- `fa_version`: backend -> FlashAttention version; `mla_name`: backend -> vLLM MLA prefill name;
-  `fa_common_head_sizes`: the head sizes get_flash_attn_version decides over when given none.
+- `engine_names`: engine -> op -> backend -> the name under which that inference engine runs the backend for
+  that op (vLLM: FLASH_ATTN, ...), derived from matrix/data/backends.json; a backend it does not run has none.
+- `fa_version`: backend -> the FlashAttention version vLLM runs it as; `fa_common_head_sizes`: the head sizes
+  get_flash_attn_version decides over when given none.
 
 A query is (arch, op, dtype, head_dim, head_dim_v, feature tokens). The exact feature set answers when a
 cell has it. Otherwise the query is composed: its mask cell, then one cell per other feature, looked up on
@@ -456,16 +458,25 @@ class Engine:
     def mla_prefill_priorities_for(self, arch, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) -> list:
         """vLLM MLA prefill names in the order for causal bfloat16 mla_prefill of this (qk_nope, qk_rope, v)
         triple; the first occurrence of each name, backends without a name left out."""
-        feats = features_of(qk_rope=qk_rope_head_dim)
-        names = []
-        for a in self.query(arch, "mla_prefill", "bfloat16", qk_nope_head_dim + qk_rope_head_dim, v_head_dim,
-                            feats)[0]:
-            n = self.data["mla_name"].get(a.backend)
-            if n is not None and n not in names:
-                names.append(n)
-        return names
+        ordered = self.query(arch, "mla_prefill", "bfloat16", qk_nope_head_dim + qk_rope_head_dim, v_head_dim,
+                             features_of(qk_rope=qk_rope_head_dim))[0]
+        return self.in_engine_names("vllm", "mla_prefill", [a.backend for a in ordered])
 
     # --- the selector's public functions (capability tuples, argument checks, caches) ----------------
+
+    def _engine_table(self, engine, op) -> dict:
+        """backend -> `engine`'s name for `op` (ValueError for an engine the data has no names of)."""
+        table = self.data["engine_names"]
+        if engine not in table:
+            raise ValueError(f"names: {engine!r} is not one of {', '.join(sorted(table))} "
+                             "(None: attnmatrix's backend names)")
+        return table[engine].get(op, {})
+
+    def in_engine_names(self, engine, op, backends) -> list:
+        """`backends` (in order) as `engine` names them for `op`: each name where its first backend stands,
+        backends the engine does not run left out."""
+        names = self._engine_table(engine, op)
+        return list(dict.fromkeys(names[b] for b in backends if b in names))
 
     def _query_args(self, capability, head_size, head_size_v, op, dtype, features: dict):
         arch = arch_of(capability)
@@ -486,8 +497,9 @@ class Engine:
         return hints
 
     def select_backends(self, capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16",
-                        **features):
-        """Supported backends for this query on this GPU, best first (attnmatrix backend names, e.g. "fa4").
+                        names=None, **features):
+        """Supported backends for this query on this GPU, best first (attnmatrix backend names, e.g. "fa4"; with
+        `names="vllm"`, the engine's names: `in_engine_names`).
 
         capability is (major, minor), e.g. (9, 0); `features` are the vocabulary's query parameters
         (attnmatrix.vocabulary.QUERY_PARAMS: causal=True, sliding_window=False, ..., page_size=None), and
@@ -496,7 +508,7 @@ class Engine:
         hints the order is the matrix's. [] when nothing is known to work.
         """
         try:
-            key = (capability, head_size, head_size_v, op, dtype, *sorted(features.items()))
+            key = (capability, head_size, head_size_v, op, dtype, names, *sorted(features.items()))
             return [*self._select_cache[key]]
         except KeyError:
             pass
@@ -505,21 +517,33 @@ class Engine:
         hints = self._hints(features)
         hit = tuple(a.backend for a in self.query(*self._query_args(capability, head_size, head_size_v, op, dtype,
                                                                     features), hints=hints)[0])
+        if names is not None:
+            hit = tuple(self.in_engine_names(names, op, hit))
         if key is not None:
             if len(self._select_cache) >= CACHE_MAX:
                 self._select_cache.clear()
             self._select_cache[key] = hit
         return list(hit)
 
-    def explain(self, capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16", **features):
+    def explain(self, capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16", names=None,
+                **features):
         """Every backend known for that arch -> why it is in or out: "supported (#position of n, tier, basis);
         evidence: <evidence ids>", "unsupported: <every failing reason> [evidence: <id>]" or
         "unknown: <what nothing answers>"; "composed from N separately probed cells" where no single probe gave the
         answer; with workload hints, the bucket's timing of each. {} for an arch with no evidence. Same arguments
-        as select_backends."""
+        as select_backends. With `names="vllm"`: each engine name -> "<backend>: <why>" for each backend it
+        runs, one line each, in the same order (names with a supported backend first, in selection order)."""
+        table = None if names is None else self._engine_table(names, op)
         hints = self._hints(features)
         query = self._query_args(capability, head_size, head_size_v, op, dtype, features)
-        return self.explain_query(*query, hints=hints)
+        out = self.explain_query(*query, hints=hints)
+        if table is None:
+            return out
+        named: dict = {}
+        for b, why in out.items():
+            if b in table:
+                named.setdefault(table[b], []).append(f"{b}: {why}")
+        return {n: "\n".join(lines) for n, lines in named.items()}
 
     def get_flash_attn_version(self, capability, requires_alibi=False, head_size=None, head_size_v=None,
                                has_sinks=False, requires_local_attention=False, requires_softcap=False,
@@ -694,7 +718,7 @@ class EngineProfile:
         if validated:
             return ordered
         ranks = {}
-        for b, n in self.engine.data["mla_name"].items():
+        for b, n in self.engine.data["engine_names"]["vllm"]["mla_prefill"].items():
             r = self.engine.default_rank(arch, b) if arch is not None else self.engine.data["default_rank_missing"]
             ranks[n] = min(r, ranks.get(n, r))
         missing = self.engine.data["default_rank_missing"] + 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from attnmatrix.matrix.backends import DEFAULT_RANK_MISSING, default_rank
+from attnmatrix.matrix.backends import DEFAULT_RANK_MISSING, default_rank, engine_names
 from attnmatrix.matrix.policy import ResolvedCell, ResolvedMatrix
 from attnmatrix.matrix.records import Record
 
@@ -23,7 +23,6 @@ from attnmatrix.vocabulary import DTYPES, OPS, SUPPORTED, arch_sort_key
 # one orders the candidates.
 FA_COMMON_HEAD_SIZES: tuple[tuple[int, int], ...] = ((64, 64), (128, 128))
 FA_BACKEND_FIELD = "fa_version"
-MLA_NAME_FIELD = "mla_prefill"
 SHORT_REASON_CHARS = 120
 LATENCY_DIGITS = 4  # significant digits kept: reruns vary by more than the fifth
 
@@ -168,7 +167,7 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
         "default_rank_missing": DEFAULT_RANK_MISSING,
         "fa_version": {b: int(m.backends[b][FA_BACKEND_FIELD]) for b in public
                        if m.backends[b].get(FA_BACKEND_FIELD) is not None},
-        "mla_name": {b: str(m.backends[b][MLA_NAME_FIELD]) for b in public if m.backends[b].get(MLA_NAME_FIELD)},
+        "engine_names": engine_names({b: m.backends[b] for b in public}, OPS),
         "fa_common_head_sizes": FA_COMMON_HEAD_SIZES,
         "declared_rankings": tuple((r.id, tuple(r.archs), r.op, r.dtype, tuple(r.head_dims), tuple(r.order),
                                     tuple(r.sources)) for r in m.rankings),

@@ -135,7 +135,8 @@ def fa_versions(m: ResolvedMatrix) -> dict[str, int]:
 
 
 def mla_names(m: ResolvedMatrix) -> dict[str, str]:
-    return dict(engine_for(m).data["mla_name"])
+    """backend -> vLLM's MLA prefill name (backends without one left out)."""
+    return dict(engine_for(m).data["engine_names"]["vllm"]["mla_prefill"])
 
 
 def flash_attn_version(m: ResolvedMatrix, arch: str, requires_alibi: bool = False, head_size: int | None = None,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 
-from attnmatrix.vocabulary import arch_family
+from attnmatrix.vocabulary import OPS, arch_family
 
+from .backends import engine_name
 from .cases import feature_name
 from .evidence import Evidence
 from .machine_paths import machine_paths
@@ -26,12 +27,8 @@ def is_vllm_source(source: str) -> bool:
 
 
 def _vllm_name(meta: dict, op: str | None) -> str | None:
-    """The vLLM name under which vLLM runs this backend for `op` (None: vLLM never runs it)."""
-    if op == "mla_prefill":
-        return meta.get("mla_prefill")
-    if op is None:
-        return meta.get("vllm") or meta.get("mla_prefill")
-    return meta.get("vllm")
+    """The vLLM name under which vLLM runs this backend for `op` (None: vLLM never runs it; op None: any op)."""
+    return next((n for o in ((op,) if op else OPS) if (n := engine_name(meta, "vllm", o))), None)
 
 
 def check_cited_backend(ev: Evidence) -> list[Problem]:

@@ -91,6 +91,31 @@ def default_rank(backends: dict[str, dict], backend: str, arch: str | None) -> i
     return value[family] if family in value else value[DEFAULT_RANK_ANY]
 
 
+# --- engine names -----------------------------------------------------------------------------------------
+#
+# A backend declares the names under which an inference engine runs exactly its entry point: per engine, the
+# field that holds that name for an op ("*": every op not listed). vLLM's attention backend (`vllm`: FLASH_ATTN,
+# FLASHINFER, TORCH_SDPA) answers prefill and decode; its MLA prefill backend (`mla_prefill`: FLASH_ATTN,
+# TRTLLM_RAGGED, FLASHINFER) answers mla_prefill. A backend without the field is one the engine does not run.
+
+ENGINE_NAME_FIELDS: dict[str, dict[str, str]] = {"vllm": {"*": "vllm", "mla_prefill": "mla_prefill"}}
+
+
+def engine_name(meta: dict, engine: str, op: str) -> str | None:
+    """The name under which `engine` runs the backend declared by `meta` for `op`; None where it does not run
+    it. The one reader of the engine-name fields (the selector's `engine_names`, the evidence audit)."""
+    fields = ENGINE_NAME_FIELDS[engine]
+    name = meta.get(fields.get(op, fields["*"]))
+    return str(name) if name else None
+
+
+def engine_names(backends: dict[str, dict], ops: tuple[str, ...]) -> dict[str, dict[str, dict[str, str]]]:
+    """engine -> op -> backend -> the engine's name, for every op of `ops`, backends that have one, by name."""
+    return {engine: {op: {b: n for b in sorted(backends) if (n := engine_name(backends[b], engine, op))}
+                     for op in ops}
+            for engine in sorted(ENGINE_NAME_FIELDS)}
+
+
 # --- reading and checking backends.json -------------------------------------------------------------------
 
 

@@ -19,19 +19,19 @@ from conftest import vendored_selector
 
 BACKENDS = {
     "fast": {"default_rank": 30},
-    "slow": {"default_rank": 1},
-    "bad": {"default_rank": 1},
+    "slow": {"vllm": "TORCH_SDPA", "default_rank": 1},
+    "bad": {"vllm": "BAD_ATTN", "default_rank": 1},
     "comp": {"default_rank": 5},
-    "decl_a": {"default_rank": 1},
-    "decl_b": {"default_rank": 2},
-    "fa2": {"fa_version": 2, "mla_prefill": "FLASH_ATTN", "default_rank": 12},
-    "fa3": {"fa_version": 3, "mla_prefill": "FLASH_ATTN", "default_rank": 11},
-    "fa4": {"fa_version": 4, "mla_prefill": "FLASH_ATTN", "default_rank": 10},
+    "decl_a": {"vllm": "TORCH_SDPA", "default_rank": 1},
+    "decl_b": {"vllm": "FLASHINFER", "default_rank": 2},
+    "fa2": {"vllm": "FLASH_ATTN", "fa_version": 2, "mla_prefill": "FLASH_ATTN", "default_rank": 12},
+    "fa3": {"vllm": "FLASH_ATTN", "fa_version": 3, "mla_prefill": "FLASH_ATTN", "default_rank": 11},
+    "fa4": {"vllm": "FLASH_ATTN", "fa_version": 4, "mla_prefill": "FLASH_ATTN", "default_rank": 10},
     "trtllm_ragged": {"mla_prefill": "TRTLLM_RAGGED", "default_rank": 20},
     "flashinfer": {"mla_prefill": "FLASHINFER", "default_rank": 23},
     "sdpa_efficient": {"default_rank": 32},
     "sdpa_cpu": {"default_rank": 40},
-    "fake_fast": {"test_only": True, "default_rank": 0},
+    "fake_fast": {"test_only": True, "vllm": "FAKE", "default_rank": 0},
 }
 
 
@@ -173,6 +173,68 @@ def test_mla_prefill_priorities(sel):
     assert sel.get_mla_prefill_backend_priorities((10, 0), 192, 64, 256) == []
     assert sel.get_mla_prefill_backend_priorities((12, 0), 128, 64, 128) == []
     assert sel.get_mla_prefill_backend_priorities(H100, 128, 64, 128) == []
+
+
+def test_names_vllm_answers_in_the_engines_names(sel):
+    # fa4, fa3 (FLASH_ATTN again), fast and comp (no vLLM name: left out), slow, decl_b, decl_a, fa2 (again)
+    assert sel.select_backends(H100, 128, names="vllm") == ["FLASH_ATTN", "TORCH_SDPA", "FLASHINFER"]
+    assert sel.select_backends(H100, 128, names=None) == sel.select_backends(H100, 128)
+    # mla_prefill speaks vLLM's MLA prefill names: the fastest backend there (sdpa_efficient) has none
+    assert sel.select_backends((10, 0), 192, 128, op="mla_prefill", names="vllm") == [
+        "FLASH_ATTN", "TRTLLM_RAGGED", "FLASHINFER"]
+    assert sel.select_backends((10, 0), 192, 128, op="mla_prefill", names="vllm") == \
+        sel.get_mla_prefill_backend_priorities((10, 0), 128, 64, 128)
+    assert sel.select_backends((7, 5), 128, names="vllm") == []
+    assert sel.explain((7, 5), 128, names="vllm") == {}
+
+
+def test_names_vllm_explain_groups_each_names_backends(sel):
+    plain = sel.explain(H100, 128)
+    named = sel.explain(H100, 128, names="vllm")
+    # names with a supported backend first, in selection order; then BAD_ATTN, whose one backend is unsupported
+    assert list(named) == ["FLASH_ATTN", "TORCH_SDPA", "FLASHINFER", "BAD_ATTN"]
+    assert named["FLASH_ATTN"].splitlines() == [f"{b}: {plain[b]}" for b in ("fa4", "fa3", "fa2")]
+    assert named["TORCH_SDPA"].splitlines() == [f"{b}: {plain[b]}" for b in ("slow", "decl_a")]
+    assert named["BAD_ATTN"] == f"bad: {plain['bad']}" and plain["bad"].startswith("unsupported: ")
+    assert "FAKE" not in named  # a test-only backend has no name in the selector either
+
+
+def test_an_unknown_engine_name_is_refused_like_an_unknown_op(sel):
+    sel.select_backends(H100, 128)  # a cached answer for the same query must not hide the bad argument
+    for call in (sel.select_backends, sel.explain):
+        with pytest.raises(ValueError, match="names: 'sglang' is not one of vllm"):
+            call(H100, 128, names="sglang")
+        with pytest.raises(ValueError, match="names"):
+            call(H100, 128, names="attnmatrix")
+
+
+def test_engine_names_are_derived_from_backends_json(sel, matrix):
+    """The selector's names are backends.json's declarations of the public backends: one added declaration
+    shows up, a backend without one has no name, and nothing is written by hand."""
+    names = sel.DATA["engine_names"]["vllm"]
+    assert names["prefill"] == names["decode"] == {
+        "bad": "BAD_ATTN", "decl_a": "TORCH_SDPA", "decl_b": "FLASHINFER", "fa2": "FLASH_ATTN", "fa3": "FLASH_ATTN",
+        "fa4": "FLASH_ATTN", "slow": "TORCH_SDPA"}
+    assert names["mla_prefill"] == {"fa2": "FLASH_ATTN", "fa3": "FLASH_ATTN", "fa4": "FLASH_ATTN",
+                                    "flashinfer": "FLASHINFER", "trtllm_ragged": "TRTLLM_RAGGED"}
+    more = {**BACKENDS, "fast": {**BACKENDS["fast"], "vllm": "TRITON_ATTN"}}
+    m2 = resolve(Evidence(records=records(), where=["t"] * len(records()), rankings=list(RANKINGS), backends=more))
+    assert C.engine_data(m2)["engine_names"]["vllm"]["prefill"]["fast"] == "TRITON_ATTN"
+
+
+def test_the_package_selectors_vllm_names_agree_with_the_vllm_mapping():
+    """The committed selector's vLLM names and attnmatrix/engines/vllm/names.py read the same declarations: every
+    backend a vLLM MLA prefill name runs carries that name, and every FlashAttention build vLLM runs is FLASH_ATTN."""
+    from attnmatrix import selector
+    from attnmatrix.engines.vllm.names import FLASH_ATTN, package_names
+
+    names = selector.DATA["engine_names"]["vllm"]
+    vllm = package_names()
+    for n, b in vllm.mla_prefill.items():
+        assert names["mla_prefill"][b] == n
+    for b in vllm.fa_version.values():
+        assert names["prefill"][b] == names["mla_prefill"][b] == FLASH_ATTN
+    assert "fa2" not in names["prefill"] and "fa4" not in names["mla_prefill"]  # upstream builds: vLLM never runs them
 
 
 def test_unknown_arch_is_conservative(sel):
