@@ -124,7 +124,7 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
     problem: Problem = make_problem(case, VALIDATION_SHAPES[case.op], device=device, seed=config.seed)
     # Where the case's time went: the first call (JIT compile for FA4/FlashInfer, or a cache load),
     # the check against the reference, and the timed shapes. Sums of these split a sweep's wall time
-    # into compile and run (scripts/sweep_stats.py).
+    # into compile and run (`attnmatrix stats --section time`).
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     try:

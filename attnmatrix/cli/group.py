@@ -17,7 +17,7 @@ COMMANDS = {
     "probe": "probing", "xcompile": "probing", "run": "probing",
     "validate": "evidence", "merge": "evidence", "generate": "evidence", "check": "evidence",
     "snapshot": "evidence", "diff": "evidence", "ingest-cubins": "evidence",
-    "show": "query", "explain": "query",
+    "show": "query", "explain": "query", "stats": "stats",
     "vllm-answers": "vllm", "vllm-patch": "vllm",
 }
 MODULES = tuple(dict.fromkeys(COMMANDS.values()))
