@@ -102,7 +102,7 @@ def test_the_sweep_banner_adds_up(tmp_path):
     from attnmatrix.matrix.records import parse_record
     from attnmatrix.matrix.storage import ResultStore
 
-    from attnmatrix.cli.probing import sweep_banner
+    from attnmatrix.cli.sweeping import sweep_banner
 
     recs = [parse_record(build_record(arch="cpu", backend="sdpa_cpu", head_dim=h, features=(), device="cpu"))
             for h in (64, 96, 128)]
@@ -115,9 +115,9 @@ def test_the_sweep_banner_adds_up(tmp_path):
 
 
 def test_progress_in_a_log_is_lines_with_counts_and_an_estimate(capsys):
-    from attnmatrix.cli.probing import _LineProgress
+    from attnmatrix.cli.sweeping import LineProgress
 
-    progress = _LineProgress("probing", 20, lambda rec: f"case {rec}")
+    progress = LineProgress("probing", 20, lambda rec: f"case {rec}")
     for i in range(20):
         progress(i)
     lines = capsys.readouterr().err.splitlines()
@@ -126,7 +126,7 @@ def test_progress_in_a_log_is_lines_with_counts_and_an_estimate(capsys):
 
 
 def test_xcompile_says_up_front_how_many_compiles_and_about_how_long():
-    from attnmatrix.cli.probing import _xcompile_plan
+    from attnmatrix.cli.cross_compile import xcompile_plan
 
-    plan = _xcompile_plan([object()] * 6, ["sm_100a", "sm_90a"], 2)
+    plan = xcompile_plan([object()] * 6, ["sm_100a", "sm_90a"], 2)
     assert plan.startswith("xcompile: 6 case(s) x 2 target(s) = 12 compile(s)") and "about " in plan

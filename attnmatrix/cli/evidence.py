@@ -304,9 +304,9 @@ def _reprobe(ev: Evidence, *, sample: int | None, seed: int, workers: int | None
     (located on the record that made the claim)."""
     from attnmatrix.kernels.env import local_arch
 
-    from .probing import _local_device, local_sweep
+    from .sweeping import local_device, local_sweep
 
-    dev = _local_device()
+    dev = local_device()
     arch = local_arch(dev)
     plan = workflow.plan_backends(workflow.backends_for(dev), dev)
     for n, why in sorted(plan.not_installed.items()):

@@ -14,7 +14,7 @@ import click
 # command -> the module of attnmatrix.cli that defines it. A command missing here still runs (every module is
 # imported to find it); tests/test_cli.py checks that the table is complete.
 COMMANDS = {
-    "probe": "probing", "xcompile": "probing", "run": "probing",
+    "probe": "probing", "run": "probing", "xcompile": "cross_compile",
     "validate": "evidence", "merge": "evidence", "generate": "evidence", "check": "evidence",
     "snapshot": "evidence", "diff": "evidence", "ingest-cubins": "evidence",
     "show": "query", "explain": "query", "stats": "stats",
