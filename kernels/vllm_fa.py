@@ -22,7 +22,7 @@ alike) and its FLASH_ATTN MLA prefill backend both call it, so a probe calls it 
   vllm/v1/attention/backends/mla/prefill/flash_attn.py:387-394, the padding at :420-424);
 - fp8: e4m3 tensors with (batch, heads_kv) float32 descales, as the fork's FA3 takes them.
 
-The extensions are not on PyPI on their own: `scripts/pack-vllm-fa.py` takes them from the vLLM wheel
+The extensions are not on PyPI on their own: `scripts/vllm-fa-site.py` takes them from the vLLM wheel
 of the release named there, with that wheel's `METADATA`, so the records' kernel version is the vLLM
 release the build came from (library `vllm`). The module imports nothing from vLLM until a case runs.
 """

@@ -2,7 +2,8 @@
 
 vLLM is not installed here: a fake `vllm.vllm_flash_attn` records what `prepare` passes to
 `flash_attn_varlen_func`, so the mapping (packed layout, paged cache, sinks, MLA V padding, fa_version)
-is checked on the CPU. The extensions themselves run only on a GPU (scripts/vllm-fa-sweep.sh).
+is checked on the CPU. The extensions themselves run only on a GPU (scripts/vllm-fa-site.py puts them in a folder;
+site/gpu-probing.md).
 """
 
 from __future__ import annotations
