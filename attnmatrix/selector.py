@@ -48,10 +48,11 @@ Standard library only. DATA below is the matrix's capability data: per backend, 
 dtypes, head sizes, feature sets, verdict), each a tuple, the verdict (outcome, tier, evidence id[, short
 reason]) (the evidence id names the declared fact or the probe run; `attnmatrix explain --full` and `attnmatrix
 show` give the full reasons and sources), and per arch the measured latency ranking of each probed query class.
-The query engine that answers from it is `attnmatrix.selector_engine`, the names both speak are
-`attnmatrix.vocabulary` (copy the three files to vendor the selector); the engine's docstring states the policy:
-how a feature combination is composed from probed cells, and how supported backends are ordered (measured
-latency, like for like; then declared rankings; then default rank).
+The query engine that answers from it is `attnmatrix.selector_engine`, vLLM's questions are asked of it by
+`attnmatrix.selector_vllm`, the names they speak are `attnmatrix.vocabulary` (copy the four files to vendor the
+selector); the engine's docstring states the policy: how a feature combination is composed from probed cells,
+and how supported backends are ordered (measured latency, like for like; then declared rankings; then default
+rank).
 
 - select_backends(capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16", causal=True,
   sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False, varlen=False, page_size=None,
@@ -74,9 +75,9 @@ returns a fresh list.
 """
 
 try:
-    from .selector_engine import Engine
-except ImportError:  # vendored as plain modules (selector, selector_engine, vocabulary)
-    from selector_engine import Engine
+    from .selector_vllm import VllmEngine
+except ImportError:  # vendored as plain modules (selector, selector_engine, selector_vllm, vocabulary)
+    from selector_vllm import VllmEngine
 
 __all__ = [
     "ARCHS",
@@ -9569,7 +9570,7 @@ DATA = {
     },
 }
 
-_ENGINE = Engine(DATA)
+_ENGINE = VllmEngine(DATA)
 select_backends = _ENGINE.select_backends
 explain = _ENGINE.explain
 get_flash_attn_version = _ENGINE.get_flash_attn_version

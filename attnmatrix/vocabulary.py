@@ -3,7 +3,8 @@
 It sits at the bottom of the stack: the case space (`matrix/cases.py`), records and the resolution policy,
 the query engine (`attnmatrix/selector_engine.py`), the generator, the pages, the engine oracles and the CLI
 take their features, ops, dtypes, outcomes, tiers, statuses and archs from here. It ships with the vendored
-selector (`selector.py` + `selector_engine.py` + this module), so it imports nothing but the standard library.
+selector (`selector.py` + `selector_engine.py` + `selector_vllm.py` + this module), so it imports nothing but
+the standard library.
 
 A new feature axis is one `Feature` entry here (plus whatever a kernel needs to build its inputs): the case
 space's token check, the query parameters of the engine and the selector, the CLI's query options, the

@@ -16,7 +16,8 @@ from attnmatrix.matrix.backends import DEFAULT_RANK_MISSING, default_rank, engin
 from attnmatrix.matrix.policy import ResolvedCell, ResolvedMatrix
 from attnmatrix.matrix.records import Record
 
-from attnmatrix.selector_engine import Engine, measured_latencies
+from attnmatrix.selector_engine import measured_latencies
+from attnmatrix.selector_vllm import VllmEngine
 from attnmatrix.vocabulary import DTYPES, OPS, SUPPORTED, arch_sort_key
 
 # Head sizes get_flash_attn_version decides over when the caller gives none: the common ones; the last
@@ -194,11 +195,12 @@ def workloads(archs) -> dict:
 _LAST: list = []  # [(matrix, cells dict, cell count, include_cpu), engine]: one matrix is queried many times
 
 
-def engine_for(m: ResolvedMatrix, *, include_cpu: bool = True) -> Engine:
-    """The engine over `m` (built once per matrix object and reused while its cells are unchanged)."""
+def engine_for(m: ResolvedMatrix, *, include_cpu: bool = True) -> VllmEngine:
+    """The engine over `m`, with vLLM's questions (built once per matrix object and reused while its cells are
+    unchanged)."""
     ident = (m, m.cells, len(m.cells), include_cpu)
     if _LAST and _LAST[0][0] is m and _LAST[0][1] is m.cells and _LAST[0][2:] == ident[2:]:
         return _LAST[1]
-    eng = Engine(engine_data(m, include_cpu=include_cpu))
+    eng = VllmEngine(engine_data(m, include_cpu=include_cpu))
     _LAST[:] = [ident, eng]
     return eng

@@ -42,6 +42,9 @@ from . import tables as T
 TEMPLATES = Path(__file__).parent / "templates"
 
 SELECTOR_PATH = "attnmatrix/selector.py"
+# The vendored selector: the generated module and the hand-written modules it imports (attnmatrix.<name>), copied
+# side by side as plain files (standard library only).
+SELECTOR_MODULES = ("selector", "selector_engine", "selector_vllm", "vocabulary")
 SUPPORT_MATRIX_PATH = "site/support-matrix.md"
 MLA_PREFILL_PATH = "site/mla-prefill.md"
 FA_VERSION_PATH = "site/fa-version.md"

@@ -140,19 +140,20 @@ def results_dir(tmp_path: Path) -> Path:
 
 
 def vendored_selector(text: str, folder: Path, name: str = "gen_selector"):
-    """A generated selector loaded as an engine vendors it: the module beside copies of the engine and the
-    vocabulary, three plain files outside any package."""
+    """A generated selector loaded as an engine vendors it: the module beside copies of the hand-written modules
+    it imports (generator.render.SELECTOR_MODULES), plain files outside any package."""
+    import importlib
     import importlib.util
     import shutil
     import sys
 
-    import attnmatrix.selector_engine
-    import attnmatrix.vocabulary
+    from attnmatrix.generator.render import SELECTOR_MODULES
 
     path = folder / f"{name}.py"
     path.write_text(text, encoding="utf-8")
-    shutil.copyfile(attnmatrix.selector_engine.__file__, folder / "selector_engine.py")
-    shutil.copyfile(attnmatrix.vocabulary.__file__, folder / "vocabulary.py")
+    for module in SELECTOR_MODULES:
+        if module != "selector":
+            shutil.copyfile(importlib.import_module(f"attnmatrix.{module}").__file__, folder / f"{module}.py")
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(folder))

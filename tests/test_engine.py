@@ -1,10 +1,12 @@
-"""The query engine on plain data: like-for-like rankings, MLA triples, vLLM's FA version parameters."""
+"""The query engine on plain data: like-for-like rankings, composition; vLLM's questions to it (VllmEngine): MLA
+triples, FA version parameters."""
 
 from __future__ import annotations
 
 import pytest
 
 from attnmatrix.selector_engine import SUPPORTED, UNKNOWN, UNSUPPORTED, Engine, measured_latencies
+from attnmatrix.selector_vllm import VllmEngine
 
 
 def data(cells, measured=None, backends=("fa2", "fa3", "fa4", "trtllm_ragged"), rankings=()):
@@ -81,7 +83,7 @@ MLA = {("sm_100", "fa4"): ((*MLA_192, (("causal",),), ("pass", "compiled", "xc1"
 
 
 def test_mla_priorities_fall_back_to_the_totals_cell():
-    e = Engine(data(dict(MLA)))
+    e = VllmEngine(data(dict(MLA)))
     assert e.get_mla_prefill_backend_priorities((10, 0), 128, 64, 128) == ["FLASH_ATTN", "TRTLLM_RAGGED"]
     assert e.get_mla_prefill_backend_priorities((10, 0), 64, 128, 128) == ["FLASH_ATTN", "TRTLLM_RAGGED"]
     assert e.get_mla_prefill_backend_priorities((10, 0), 128, 64, 64) == []
@@ -92,7 +94,7 @@ def test_mla_priorities_answer_per_triple_where_a_cell_has_the_rope_split():
     cells = dict(MLA)
     cells[("sm_100", "trtllm_ragged")] = cells[("sm_100", "trtllm_ragged")] + (
         (*MLA_192, (("causal", "qk_rope:128"),), ("rejected", "declared", "tr-rope", "rope 128 no")),)
-    e = Engine(data(cells))
+    e = VllmEngine(data(cells))
     assert e.get_mla_prefill_backend_priorities((10, 0), 128, 64, 128) == ["FLASH_ATTN", "TRTLLM_RAGGED"]
     assert e.get_mla_prefill_backend_priorities((10, 0), 64, 128, 128) == ["FLASH_ATTN"]
     a = e.answer("sm_100", "trtllm_ragged", "mla_prefill", "bfloat16", 192, 128, ("causal", "qk_rope:128"))
@@ -109,7 +111,7 @@ def test_flash_attn_version_softcap_and_block_size():
         ("sm_90", "fa2"): ((*p128, (("causal",), ("causal", "paged_kv:16")), ("pass", "declared", "fa2-a")),
                            (*p128, (("causal", "softcap"),), ("rejected", "declared", "fa2-s", "no"))),
     }
-    e = Engine(data(cells, backends=("fa2", "fa3")))
+    e = VllmEngine(data(cells, backends=("fa2", "fa3")))
     assert e.get_flash_attn_version((9, 0), head_size=128) == 3
     assert e.get_flash_attn_version((9, 0), head_size=128, kv_cache_block_size=16) == 2
     assert e.get_flash_attn_version((9, 0), head_size=128, requires_softcap=True) == 3

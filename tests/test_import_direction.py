@@ -17,24 +17,25 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = {"attnmatrix": ROOT / "attnmatrix", "attnmatrix.matrix": ROOT / "matrix",
                 "attnmatrix.kernels": ROOT / "kernels", "attnmatrix.generator": ROOT / "generator"}
 
-# layer -> the layers it may import (itself always). The order is the flow: the vocabulary and the query engine
-# at the bottom (standard library only, vendored with the selector), the matrix (case space, records, backends,
-# resolution, workload timings), the kernels that produce records, the generator that turns a resolved matrix
-# into files, the engines' comparisons beside it, and the command line over the workflow layer (and its output
-# formats, ci_format) at the top.
+# layer -> the layers it may import (itself always). The order is the flow: the vocabulary, the query engine and
+# vLLM's questions to it at the bottom (standard library only, vendored with the selector), the matrix (case space,
+# records, backends, resolution, workload timings), the kernels that produce records, the generator that turns a
+# resolved matrix into files, the engines' comparisons beside it, and the command line over the workflow layer (and
+# its output formats, ci_format) at the top.
 ALLOWED: dict[str, set[str]] = {
     "vocabulary": set(),
     "selector_engine": {"vocabulary"},
-    "selector": {"selector_engine", "vocabulary"},
+    "selector_vllm": {"vocabulary", "selector_engine"},
+    "selector": {"selector_engine", "selector_vllm", "vocabulary"},
     "matrix": {"vocabulary", "selector_engine"},
     "kernels": {"vocabulary", "selector_engine", "matrix"},
-    "generator": {"vocabulary", "selector_engine", "matrix", "engines"},
-    "engines": {"vocabulary", "selector_engine", "selector", "matrix", "generator"},
+    "generator": {"vocabulary", "selector_engine", "selector_vllm", "matrix", "engines"},
+    "engines": {"vocabulary", "selector_engine", "selector_vllm", "selector", "matrix", "generator"},
     "project": {"vocabulary", "matrix"},
     "workflow": {"vocabulary", "matrix", "kernels", "project"},
     "ci_format": set(),
-    "cli": {"vocabulary", "selector_engine", "selector", "matrix", "kernels", "generator", "engines", "project",
-            "workflow", "ci_format"},
+    "cli": {"vocabulary", "selector_engine", "selector_vllm", "selector", "matrix", "kernels", "generator", "engines",
+            "project", "workflow", "ci_format"},
 }
 
 

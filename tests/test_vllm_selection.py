@@ -15,7 +15,7 @@ import pytest
 from attnmatrix import selector
 from attnmatrix.engines.vllm import module as M
 from attnmatrix.engines.vllm import selection as S
-from attnmatrix.selector_engine import EngineProfile, MultipleOf
+from attnmatrix.selector_vllm import EngineProfile, MultipleOf
 
 BLACKWELL = (10, 0)
 HD256 = dict(head_size=256, kv_cache_block_size=128, supports_fa4_hd256=True, capability=BLACKWELL)
@@ -95,10 +95,11 @@ def test_profile_errors_name_the_file_record_and_field(tmp_path):
 
 
 def test_vendored_as_plain_modules(tmp_path):
-    import attnmatrix.selector_engine
-    import attnmatrix.vocabulary
+    import importlib
 
-    for mod in (attnmatrix.selector_engine, attnmatrix.vocabulary, selector, S):
+    from attnmatrix.generator.render import SELECTOR_MODULES
+
+    for mod in (S, *(importlib.import_module(f"attnmatrix.{name}") for name in SELECTOR_MODULES)):
         shutil.copyfile(mod.__file__, tmp_path / Path(mod.__file__).name)
     code = textwrap.dedent("""
         import sys

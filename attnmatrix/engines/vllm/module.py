@@ -4,7 +4,7 @@ parameters, answered by the one query engine over the selector's data and vLLM's
 The call profile (`matrix/data/vllm/vllm-<version>-profile.json`) holds the declared facts, each cited to the
 release's source, for what the matrix has no axis for: configuration inputs a kernel refuses, the page size vLLM
 feeds a kernel, the block-size multiple it advertises, and its MLA prefill names with the archs each accepts.
-The query logic is `attnmatrix.selector_engine.EngineProfile`; the template only binds vLLM's signatures to it.
+The query logic is `attnmatrix.selector_vllm.EngineProfile`; the template only binds vLLM's signatures to it.
 """
 
 from __future__ import annotations

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import attnmatrix.selector
-import attnmatrix.selector_engine
-import attnmatrix.vocabulary
+from attnmatrix.generator.render import SELECTOR_MODULES
 
 from . import selection
 
@@ -54,8 +53,9 @@ class Edit:
 VENDOR_INIT = '''"""attnmatrix's answers for vLLM's attention selection, vendored (https://pypi.org/project/attnmatrix/).
 
 `selection.py` is generated from attnmatrix's evidence matrix (`attnmatrix generate`); `selector.py` holds the
-matrix's capability data, `selector_engine.py` the query engine, `vocabulary.py` the names they share. Regenerate
-rather than edit: `attnmatrix vllm-patch --source .` writes the update.
+matrix's capability data, `selector_engine.py` the query engine, `selector_vllm.py` vLLM's questions to it,
+`vocabulary.py` the names they share. Regenerate rather than edit: `attnmatrix vllm-patch --source .` writes the
+update.
 """
 '''
 
@@ -250,12 +250,12 @@ def apply_edits(source: str, edits: list[Edit]) -> str:
 
 
 def vendored_files() -> dict[str, str]:
-    """The files the patch adds under vllm/attnmatrix/: the generated module, the selector, the engine, the
-    vocabulary (this installation's, which `attnmatrix check` keeps current)."""
+    """The files the patch adds under vllm/attnmatrix/: the generated module and the vendored selector's
+    modules (generator.render.SELECTOR_MODULES: this installation's, which `attnmatrix check` keeps current)."""
     out = {f"{VENDOR_DIR}/__init__.py": VENDOR_INIT}
-    for mod, name in ((selection, "selection.py"), (attnmatrix.selector, "selector.py"),
-                      (attnmatrix.selector_engine, "selector_engine.py"), (attnmatrix.vocabulary, "vocabulary.py")):
-        out[f"{VENDOR_DIR}/{name}"] = Path(mod.__file__).read_text(encoding="utf-8")
+    mods = [selection, *(importlib.import_module(f"attnmatrix.{name}") for name in SELECTOR_MODULES)]
+    for mod in mods:
+        out[f"{VENDOR_DIR}/{Path(mod.__file__).name}"] = Path(mod.__file__).read_text(encoding="utf-8")
     return out
 
 

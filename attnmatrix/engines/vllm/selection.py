@@ -3,9 +3,9 @@
 # DO NOT EDIT BY HAND; run `attnmatrix generate`.
 """vLLM's attention selection answered from the attnmatrix matrix, with vLLM's own names and parameters.
 
-Vendorable: copy this file with `selector.py`, `selector_engine.py` and `vocabulary.py` (standard library only).
-Every answer comes from the one query engine (`selector_engine.Engine` over the selector's DATA, narrowed by
-`selector_engine.EngineProfile` with PROFILE below: declared facts, each cited, about how vLLM 0.33.0 calls
+Vendorable: copy this file with `selector.py`, `selector_engine.py`, `selector_vllm.py` and `vocabulary.py`
+(standard library only). Every answer comes from the one query engine (`selector_vllm.VllmEngine` over the
+selector's DATA, narrowed by `selector_vllm.EngineProfile` with PROFILE below: declared facts, each cited, about how vLLM 0.33.0 calls
 the kernels where the matrix has no axis). `attnmatrix vllm-patch --source VLLM_CHECKOUT` writes the change
 that makes vLLM call these functions in place of its hand-written rules.
 
@@ -30,13 +30,13 @@ from __future__ import annotations
 
 if __package__ == "attnmatrix.engines.vllm":  # attnmatrix itself
     from attnmatrix.selector import _ENGINE
-    from attnmatrix.selector_engine import EngineProfile, MultipleOf
+    from attnmatrix.selector_vllm import EngineProfile, MultipleOf
 elif __package__:  # vendored inside a package (vLLM: vllm/attnmatrix/)
     from .selector import _ENGINE
-    from .selector_engine import EngineProfile, MultipleOf
+    from .selector_vllm import EngineProfile, MultipleOf
 else:  # vendored as plain modules beside each other
     from selector import _ENGINE
-    from selector_engine import EngineProfile, MultipleOf
+    from selector_vllm import EngineProfile, MultipleOf
 
 __all__ = [
     "PROFILE",
