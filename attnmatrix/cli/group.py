@@ -15,7 +15,7 @@ import click
 # imported to find it); tests/test_cli.py checks that the table is complete.
 COMMANDS = {
     "probe": "probing", "run": "probing", "xcompile": "cross_compile",
-    "validate": "evidence", "merge": "evidence", "generate": "evidence", "check": "evidence",
+    "validate": "evidence", "merge": "evidence", "generate": "evidence", "check": "check",
     "snapshot": "evidence", "diff": "evidence", "ingest-cubins": "evidence",
     "show": "query", "explain": "query", "stats": "stats",
     "vllm-answers": "vllm", "vllm-patch": "vllm",
