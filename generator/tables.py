@@ -96,10 +96,11 @@ def _wrap(m: ResolvedMatrix, eng: Engine, q: Query, a, ranking) -> Answer:
     return Answer(a.backend, a.status, a.tier, list(a.reasons), cells, a.latency_ms, basis, a.marked)
 
 
-def query(m: ResolvedMatrix, q: Query) -> tuple[list[Answer], list[Answer]]:
-    """(supported answers in the engine's order, every answer) for one query."""
+def query(m: ResolvedMatrix, q: Query, hints: dict[str, int] | None = None) -> tuple[list[Answer], list[Answer]]:
+    """(supported answers in the engine's order, every answer) for one query; `hints`: the engine's optional
+    workload hints (selector_engine.WORKLOAD_HINTS), which order by the nearest timed workload bucket."""
     eng = engine_for(m)
-    ordered, answers, ranking = eng.query(q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features)
+    ordered, answers, ranking = eng.query(q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features, hints=hints)
     wrapped = {a.backend: _wrap(m, eng, q, a, ranking) for a in answers}
     return [wrapped[a.backend] for a in ordered], list(wrapped.values())
 
@@ -125,9 +126,9 @@ def order_basis(m: ResolvedMatrix, q: Query, a: Answer) -> str:
     return a.basis
 
 
-def explain_query(m: ResolvedMatrix, q: Query) -> dict[str, str]:
+def explain_query(m: ResolvedMatrix, q: Query, hints: dict[str, int] | None = None) -> dict[str, str]:
     """backend -> why it is in or out; supported backends first in selection order, then the rest by name."""
-    return engine_for(m).explain_query(q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features)
+    return engine_for(m).explain_query(q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features, hints=hints)
 
 
 def fa_versions(m: ResolvedMatrix) -> dict[str, int]:

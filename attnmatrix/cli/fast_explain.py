@@ -54,13 +54,19 @@ def current_selector(proj: project_mod.Project) -> tuple[ModuleType | None, str]
 
 
 def explain_from_selector(sel: ModuleType, arch: str, op: str, dtype: str, head_dim: int, head_dim_v: int,
-                          feats: tuple[str, ...], as_json: bool, verbose: bool = False) -> bool:
-    """Print the answer from the selector's engine; False (nothing printed) where its data does not cover `arch`."""
+                          feats: tuple[str, ...], as_json: bool, verbose: bool = False,
+                          hints: dict[str, int] | None = None) -> bool:
+    """Print the answer from the selector's engine; False (nothing printed) where its data does not cover `arch`.
+    `hints`: the engine's workload hints (cli/workload_hints.py)."""
+    from .workload_hints import add_hints, bucket_notes
+
     eng = sel._ENGINE
     if arch not in eng.archs:
         return False
-    ordered, answers, ranking = eng.query(arch, op, dtype, head_dim, head_dim_v, feats)
-    position = {a.backend: i + 1 for i, a in enumerate(ordered)}
+    hints = hints or {}
+    ordered, answers, ranking = eng.query(arch, op, dtype, head_dim, head_dim_v, feats, hints=hints)
+    told = eng.explain_query(arch, op, dtype, head_dim, head_dim_v, feats, hints=hints)
+    notes = bucket_notes(eng, arch, op, dtype, head_dim, head_dim_v, feats, hints)
     query = {"arch": arch, "op": op, "dtype": dtype, "head_size": head_dim, "head_size_v": head_dim_v,
              "features": list(feats)}
     result: dict = {"query": query, "order": [a.backend for a in ordered], "backends": {},
@@ -69,12 +75,13 @@ def explain_from_selector(sel: ModuleType, arch: str, op: str, dtype: str, head_
         result["backends"][a.backend] = {
             "status": a.status, "tier": a.tier, "latency_ms": a.latency_ms, "reasons": list(a.reasons),
             "basis": eng.basis(arch, a, ranking) if a.status == SUPPORTED else "", "ranked_on_fewer_shapes": a.marked,
-            "explanation": eng.explain_answer(arch, a, position.get(a.backend), len(ordered), ranking),
+            "explanation": told[a.backend],
             "cells": [{"features": fset_label(f), "status": v.status, "tier": v.tier, "evidence": v.evidence,
                        "reason": v.reason} for f, v in a.cells],
         }
     if ranking is not None:
         result["declared_ranking"] = {"id": ranking[0], "order": list(ranking[5]), "sources": list(ranking[6])}
+    add_hints(result, hints, notes)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False))
         return True
@@ -94,7 +101,7 @@ def explain_from_selector(sel: ModuleType, arch: str, op: str, dtype: str, head_
     views = {a.backend: view(a) for a in answers}
     declared = None if ranking is None else SimpleNamespace(id=ranking[0], order=ranking[5], sources=ranking[6])
     _echo_explain(arch, op, dtype, head_dim, head_dim_v, feats, [views[a.backend] for a in ordered],
-                  list(views.values()), declared, verbose)
+                  list(views.values()), declared, verbose, hints, notes)
     click.echo(f"(from the generated selector's data, matrix {sel.MATRIX_ID}; `--full` for every cell's raw "
                "reasons, sources and conflicts)", err=True)
     return True

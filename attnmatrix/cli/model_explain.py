@@ -2,7 +2,9 @@
 
 Each layer type of the preset (matrix/models.py, matrix/data/models.json) becomes the vocabulary's query for each
 op it runs, at the heads one GPU runs under the tensor-parallel split; every answer comes from the query engine
-through the generator's query seam (`generator.tables.query`), exactly as `explain --head-size ...` asks it.
+through the generator's query seam (`generator.tables.query`), exactly as `explain --head-size ...` asks it. With
+batch or length hints, each layer type's query carries them with that layer's own head counts per GPU as the
+engine's workload hints (cli/workload_hints.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from attnmatrix.matrix.policy import ResolvedMatrix
 from attnmatrix.vocabulary import SUPPORTED
 
 from .common import UsageError
+from .workload_hints import add_hints, bucket_notes, hints_for_op, hints_line
 
 
 def models_file(data_dir: Path) -> Path:
@@ -41,9 +44,12 @@ def _answer_json(a) -> dict:
             "ranked_on_fewer_shapes": a.marked}
 
 
-def model_answers(m: ResolvedMatrix, model: Model, tp: int, arch: str, dtype: str, op: str | None) -> dict:
-    """Per layer type and op: the query, the engine's order and every backend's answer with its reasons."""
+def model_answers(m: ResolvedMatrix, model: Model, tp: int, arch: str, dtype: str, op: str | None,
+                  hints: dict[str, int] | None = None) -> dict:
+    """Per layer type and op: the query, the engine's order and every backend's answer with its reasons.
+    `hints`: batch and length workload hints; each layer adds its own head counts per GPU to them."""
     from attnmatrix.generator import tables as T
+    from attnmatrix.generator.capabilities import engine_for
 
     layers = []
     for ly in model.layers:
@@ -54,10 +60,18 @@ def model_answers(m: ResolvedMatrix, model: Model, tp: int, arch: str, dtype: st
                 continue
             q = T.make_query(arch, ly.head_dim, ly.head_dim_v, op=layer_op, dtype=dtype,
                              **ly.query_params(layer_op, tp))
-            ordered, answers = T.query(m, q)
-            queries.append({"op": layer_op, "dtype": dtype, "head_size": q.head_dim, "head_size_v": q.head_dim_v,
-                            "features": list(q.features), "order": [a.backend for a in ordered],
-                            "backends": {a.backend: _answer_json(a) for a in answers}})
+            layer_hints = hints_for_op(hints or {}, layer_op)
+            if layer_hints:
+                layer_hints = {"num_heads": q_heads, "num_kv_heads": kv_heads, **layer_hints}
+            ordered, answers = T.query(m, q, layer_hints)
+            answer = {"op": layer_op, "dtype": dtype, "head_size": q.head_dim, "head_size_v": q.head_dim_v,
+                      "features": list(q.features), "order": [a.backend for a in ordered],
+                      "backends": {a.backend: _answer_json(a) for a in answers}}
+            add_hints(answer, layer_hints, bucket_notes(engine_for(m), arch, layer_op, dtype, q.head_dim,
+                                                        q.head_dim_v, q.features, layer_hints))
+            if hints and not layer_hints:  # the hints given are another op's (a length of decode, here prefill)
+                answer["workload_hints"] = {"given": {}, "bucket_applies": False}
+            queries.append(answer)
         layers.append({"type": ly.type, "count": ly.count, "heads_per_gpu": [q_heads, kv_heads],
                        "describe": ly.describe(tp), "queries": queries})
     return {"model": model.name, "family": model.family, "config": model.citation, "source": model.source,
@@ -85,10 +99,15 @@ def echo_model_answers(result: dict, as_json: bool) -> None:
                 click.echo(f"    no evidence at all for {result['arch']}: nothing can be recommended")
                 continue
             click.echo("    order: " + (", ".join(q["order"]) or "(no supported backend)"))
+            if "workload_hints" in q:
+                hints = q["workload_hints"]
+                click.echo("    " + hints_line(hints["given"], hints["bucket_applies"]))
             for b in q["order"]:
                 a = backends[b]
                 composed = f"; composed of {len(a['composed_of'])} cells" if a["composed_of"] else ""
                 click.echo(f"    {b} [{a['tier']}]: {a['basis']}{composed}")
+                if "bucket" in a:
+                    click.echo(f"      {a['bucket']}")
             for b in sorted(b for b, a in backends.items() if a["status"] != SUPPORTED):
                 a = backends[b]
                 click.echo(f"    not {b} [{a['status']}, {a['tier'] or 'no evidence'}]: "

@@ -35,6 +35,15 @@ from .common import (
     refuse_conflicts,
 )
 from .group import main
+from .workload_hints import (
+    SHAPE_HINTS,
+    add_hints,
+    bucket_notes,
+    check_hints,
+    hint_options,
+    hints_line,
+    take_hints,
+)
 
 # --- reading the matrix ------------------------------------------------------------------------
 
@@ -138,6 +147,7 @@ def show(arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier,
               "attention layer types instead of one query (no --head-size or feature options).")
 @click.option("--tp", type=int, default=None, help="With --model: the tensor-parallel split (heads per GPU); "
               "default the preset's typical one.")
+@hint_options()
 @click.option("--full", is_flag=True, help="Read and resolve the whole matrix: every cell's raw reasons, sources "
               "and conflicts (otherwise answered from the generated selector's data while it is current).")
 def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json, verbose, model, tp, full,
@@ -149,6 +159,11 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
     to one line (--verbose or --json gives them in full). With --model: the same for each attention layer
     type of a real model (its heads, head dims, window, softcap, sinks, MLA dims).
 
+    Workload hints (--num-heads, --num-kv-heads, --num-tokens or --batch-size, --seq-len or --context-len) order
+    the supported backends by the nearest timed workload bucket of the queried cell, and each backend says its
+    time there; without them, or where no workload was timed for the cell, the answer is unchanged. With
+    --model, the batch and length hints apply to every layer type, each with its own head counts.
+
     \b
     Examples:
       attnmatrix explain --arch sm_90 --head-size 128
@@ -156,6 +171,9 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
       attnmatrix explain --capability 9.0 --head-size 192 --head-size-v 128 --op mla_prefill
       attnmatrix explain --arch sm_90 --head-size 128 --page-size 16 --op decode --verbose
       attnmatrix explain --arch sm_90 --model gemma-2-9b --tp 2
+      attnmatrix explain --arch sm_90 --head-size 128 --gqa --op decode --num-heads 32 --num-kv-heads 8 \\
+          --batch-size 64 --context-len 4096
+      attnmatrix explain --arch sm_90 --model llama-3.1-8b --batch-size 64 --context-len 4096
       attnmatrix explain --arch sm_90 --head-size 128 --json
     """
     if not arch and not capability:
@@ -165,8 +183,9 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
         arch = normalize_arch(arch or capability)
     except CaseError as e:
         raise UsageError(str(e)) from None
+    hints = take_hints(features)
     if model is not None or tp is not None:
-        _explain_model(arch, model, tp, op, dtype, extra, as_json)
+        _explain_model(arch, model, tp, op, dtype, extra, as_json, hints)
         return
     if head_size is None:
         raise UsageError("give --head-size (or --model)")
@@ -174,6 +193,7 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
         feats = features_of(**features)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    check_hints(hints, op, feats)
     hdv = head_size if head_size_v is None else head_size_v
     proj = locate(say=False)
     if not full and not extra:
@@ -181,17 +201,19 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
 
         sel, why = current_selector(proj)
         if sel is not None and explain_from_selector(sel, arch, op, dtype, head_size, hdv, feats, as_json,
-                                                       verbose):
+                                                       verbose, hints):
             return
         if why:
             click.echo(f"{why}: answering from the matrix", err=True)
     from attnmatrix.generator import tables as T
+    from attnmatrix.generator.capabilities import engine_for
 
     if not as_json:
         click.echo(proj.describe(), err=True)
     q = T.Query(arch, op, dtype, head_size, hdv, feats)
     m = resolve(load_for_reading(proj, extra))
-    ordered, answers = T.query(m, q)
+    ordered, answers = T.query(m, q, hints)
+    notes = bucket_notes(engine_for(m), arch, op, dtype, head_size, hdv, feats, hints)
     ranking = T.applicable_ranking(m, q)
     query = {"arch": arch, "op": op, "dtype": dtype, "head_size": head_size, "head_size_v": hdv,
              "features": list(feats)}
@@ -206,10 +228,12 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
     if ranking:
         result["declared_ranking"] = {"id": ranking.id, "order": list(ranking.order), "sources": list(ranking.sources),
                                       "statement": ranking.statement}
+    add_hints(result, hints, notes)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False))
         return
-    _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, ranking, verbose)
+    _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, ranking, verbose, hints, notes)
+
 
 
 # How an order is decided, said once per answer instead of a bare "default rank N" on every line.
@@ -230,7 +254,8 @@ def without_machine_artefacts(text: str) -> str:
     return _ENV_NOTE.sub("", text).strip()
 
 
-def _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, ranking, verbose: bool) -> None:
+def _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, ranking, verbose: bool,
+                  hints: dict[str, int] | None = None, notes: dict[str, str] | None = None) -> None:
     """The answer for a terminal: supported backends in their order, numbered, then the others; every line
     wrapped to the terminal's width; long reasons and sources cut to one line (in full with --verbose)."""
     width = max(60, shutil.get_terminal_size((100, 24)).columns)
@@ -250,6 +275,8 @@ def _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, rank
         return
     out("order: " + (", ".join(a.backend for a in ordered) or "(no supported backend)"))
     out(ORDER_BASIS)
+    if hints:
+        out(hints_line(hints, notes is not None))
     if ranking:
         out(f"declared ranking {ranking.id}: {' > '.join(ranking.order)} ({'; '.join(ranking.sources)})")
     position = {a.backend: i for i, a in enumerate(ordered)}
@@ -262,6 +289,8 @@ def _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, rank
         out(f"{rank}{a.backend}: {a.status} [{a.tier or 'no evidence'}{lat}]")
         if a.basis:
             out(f"placed: {a.basis}", 2)
+        if notes and a.backend in notes:
+            out(notes[a.backend], 2)
         for reason in a.reasons:
             out(f"- {reason}", 2, full=False)
         for c in a.cells:
@@ -277,8 +306,10 @@ def _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, rank
         out("(long reasons and sources are cut to one line: --verbose or --json shows them in full)")
 
 
-def _explain_model(arch: str, model: str | None, tp: int | None, op: str, dtype: str, extra, as_json: bool) -> None:
-    """`explain --model`: refuses the one-query options, then answers per layer type (cli/model_explain.py)."""
+def _explain_model(arch: str, model: str | None, tp: int | None, op: str, dtype: str, extra, as_json: bool,
+                   hints: dict[str, int]) -> None:
+    """`explain --model`: refuses the one-query options, then answers per layer type (cli/model_explain.py), with
+    the batch and length hints for every layer type and each layer's own head counts."""
     from click.core import ParameterSource
 
     from attnmatrix.matrix.models import ModelError
@@ -288,8 +319,8 @@ def _explain_model(arch: str, model: str | None, tp: int | None, op: str, dtype:
     if model is None:
         raise UsageError("--tp goes with --model")
     ctx = click.get_current_context()
-    query_opts = [p for p in ctx.params if p not in {"arch", "capability", "op", "dtype", "extra", "as_json", "model",
-                                                       "tp"}]
+    answers_opts = {"arch", "capability", "op", "dtype", "extra", "as_json", "model", "tp", *SHAPE_HINTS}
+    query_opts = [p for p in ctx.params if p not in answers_opts]
     given = [p for p in query_opts if ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE]
     if given:
         names = ", ".join("--" + p.replace("_", "-") for p in given)
@@ -301,5 +332,6 @@ def _explain_model(arch: str, model: str | None, tp: int | None, op: str, dtype:
     except ModelError as e:
         raise UsageError(f"--tp: {e}") from None
     only_op = op if ctx.get_parameter_source("op") == ParameterSource.COMMANDLINE else None
+    check_hints(hints, only_op, None)
     m = resolve(load_for_reading(proj, extra))
-    echo_model_answers(model_answers(m, preset, split, arch, dtype, only_op), as_json)
+    echo_model_answers(model_answers(m, preset, split, arch, dtype, only_op, hints), as_json)
