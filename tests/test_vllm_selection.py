@@ -112,3 +112,10 @@ def test_vendored_as_plain_modules(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "4"
+
+
+def test_generated_module_lines_are_within_the_line_length():
+    """The module is excluded from ruff (its PROFILE is data), so its prose is held to 120 characters here."""
+    long = [f"{i}: {len(line)}" for i, line in enumerate(Path(S.__file__).read_text(encoding="utf-8").splitlines(), 1)
+            if len(line) > 120]
+    assert long == []

@@ -5,9 +5,10 @@
 
 Vendorable: copy this file with `selector.py`, `selector_engine.py`, `selector_vllm.py` and `vocabulary.py`
 (standard library only). Every answer comes from the one query engine (`selector_vllm.VllmEngine` over the
-selector's DATA, narrowed by `selector_vllm.EngineProfile` with PROFILE below: declared facts, each cited, about how vLLM 0.33.0 calls
-the kernels where the matrix has no axis). `attnmatrix vllm-patch --source VLLM_CHECKOUT` writes the change
-that makes vLLM call these functions in place of its hand-written rules.
+selector's DATA, narrowed by `selector_vllm.EngineProfile` with PROFILE below: declared facts, each cited,
+about how vLLM 0.33.0 calls the kernels where the matrix has no axis). `attnmatrix vllm-patch
+--source VLLM_CHECKOUT` writes the change that makes vLLM call these functions in place of its hand-written
+rules.
 
 vLLM reads some inputs from its configuration or from the platform rather than from its arguments; here they
 are explicit keyword arguments: `capability` (the device capability, (major, minor)), `is_mm_prefix_lm`,
