@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from attnmatrix.vocabulary import STATUSES, TIERS, arch_sort_key
 
@@ -77,17 +77,19 @@ def source_file(where: str) -> str:
     return head if head and line.isdigit() else where
 
 
-def file_counts(records: Sequence[Record], where: Sequence[str], name=lambda path: path) -> list[dict]:
-    """One row per file the records came from (Evidence.where), in path order: records by tier and outcome.
-    `name` turns a path into the name shown (e.g. relative to the checkout)."""
+def file_counts(records: Sequence[Record], where: Sequence[str],
+                name: Callable[[str], str] = str) -> list[dict]:
+    """One row per file the records came from (Evidence.where), in order of the names shown: records by tier and
+    outcome. `name` turns a path into the name shown (e.g. relative to the checkout)."""
     acc: dict[str, dict[str, Counter]] = defaultdict(lambda: {"tier": Counter(), "outcome": Counter()})
     for rec, w in zip(records, where, strict=True):
-        a = acc[name(source_file(w))]
+        a = acc[source_file(w)]
         a["tier"][rec.tier] += 1
         a["outcome"][rec.outcome] += 1
-    return [{"file": f, "records": sum(a["tier"].values()), "tier": dict(sorted(a["tier"].items(),
-                                                                             key=lambda kv: TIERS.index(kv[0]))),
-             "outcome": dict(sorted(a["outcome"].items()))} for f, a in sorted(acc.items())]
+    rows = [{"file": name(f), "records": sum(a["tier"].values()),
+             "tier": dict(sorted(a["tier"].items(), key=lambda kv: TIERS.index(kv[0]))),
+             "outcome": dict(sorted(a["outcome"].items()))} for f, a in acc.items()]
+    return sorted(rows, key=lambda row: row["file"])
 
 
 # --- time --------------------------------------------------------------------------------------------------------

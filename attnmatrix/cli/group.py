@@ -67,6 +67,7 @@ def main() -> None:
       attnmatrix merge attnmatrix-results/sm_90.jsonl -o matrix/data/results/sm_90-mine.jsonl
       attnmatrix generate                    rewrite the selector and the docs from the matrix
       attnmatrix explain --arch sm_90 --head-size 256 --sliding-window
+      attnmatrix stats attnmatrix-results/sm_90.jsonl   a sweep's cells, records per file, time and best TFLOP/s
       attnmatrix check                       CI gate: matrix valid and generated files current
       attnmatrix check --reprobe --sample 200   GPU CI: re-check a sample of this GPU's claims
 
