@@ -7,7 +7,13 @@ The CLI parses options and prints; the decisions live here, each once:
 - which claims `check --reprobe` re-checks (installed backends only, optionally a stratified sample), and
   whether each still holds: `reprobe_claims`, `stratified_sample`, `broken_claims`;
 - how a sweep runs: one `Executor` interface with a local and a Ray implementation, both returning the
-  one summary type (`RunSummary`), through `probe_into`.
+  one summary type (`RunSummary`), through `probe_into`; how its workers are configured (`runner_config`);
+- what a Ray cluster offers a sweep (`read_fleet`), which cross-compile targets and backends `xcompile` takes
+  (`compile_targets`, `cross_compile`), what a flashinfer-cubin wheel ships (`read_cubin_wheel`).
+
+The command line reaches the kernels (kernels/) through this module only (tests/test_import_direction.py). The
+kernels' modules import torch: every function here imports them when called, so a command that does not probe
+does not pay for them; the kernels' errors that a command catches are looked up the same way (`__getattr__`).
 """
 
 from __future__ import annotations
@@ -23,18 +29,42 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from attnmatrix.matrix import backends as registry
-from attnmatrix.matrix.cases import Case
+from attnmatrix.matrix.cases import DTYPES, Case, CaseError, normalize_arch
 from attnmatrix.matrix.evidence import Evidence
 from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix
 from attnmatrix.matrix.records import Record
 from attnmatrix.matrix.storage import ResultStore
 
 if TYPE_CHECKING:  # the runner imports torch: only the commands that probe pay for it
+    from contextlib import AbstractContextManager
+
+    from attnmatrix.kernels.ray_cluster import Lane
     from attnmatrix.kernels.runner import RunnerConfig, RunSummary
+    from attnmatrix.kernels.trtllm_cubins import KernelTable
 
 __all__ = ["Executor", "LocalExecutor", "RayExecutor", "BackendPlan", "plan_backends",
            "recorded_here", "reprobe_claims", "stratified_sample", "broken_claims", "new_run_id", "probe_into",
-           "default_workers"]
+           "default_workers", "local_arch", "device_provenance", "runner_config", "matmul_peak", "require_ray",
+           "ray_session", "Fleet", "read_fleet", "not_cross_compilable", "cross_compilable_backends",
+           "compile_targets", "cross_compile", "ShippedCubins", "read_cubin_wheel"]
+
+
+def __getattr__(name: str) -> type[Exception]:
+    """The kernels' errors a command catches (`except workflow.FleetError`), imported when first asked for
+    (PEP 562): the modules that raise them import torch."""
+    if name == "RayMissing":  # Ray is not installed; the message says how to install it
+        from attnmatrix.kernels.ray_cluster import RayMissing
+
+        return RayMissing
+    if name == "FleetError":  # the fleet cannot run the sweep as asked (a mislabelled node)
+        from attnmatrix.kernels.ray_executor import FleetError
+
+        return FleetError
+    if name == "CubinError":  # a file that is not a flashinfer-cubin wheel, or its kernel table unreadable
+        from attnmatrix.kernels.trtllm_cubins import CubinError
+
+        return CubinError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def new_run_id() -> str:
@@ -202,15 +232,16 @@ class RayExecutor:
     """A Ray cluster: chunks of cases as tasks on nodes of their arch (kernels/ray_executor.py)."""
 
     cfg: RunnerConfig
-    fleet: object  # ray_executor.FleetConfig
-    ray: object
+    ray: object  # the connected Ray module (`ray_session`)
+    chunk_size: int | None = None  # cases per task (None: about two tasks per slot, kernels/ray_executor.py)
+    cpus_per_task: int = 1  # CPU lanes: CPUs a task takes (and runner workers it starts)
     name: str = "ray"
 
     def run(self, cases, store, progress, on_event=None) -> RunSummary:
         from attnmatrix.kernels import ray_executor as rx
 
-        return rx.run_cases_ray(cases, store, self.cfg, self.fleet, progress=progress, ray=self.ray,
-                                on_event=on_event)
+        fleet = rx.FleetConfig(chunk_size=self.chunk_size, cpus_per_task=self.cpus_per_task)
+        return rx.run_cases_ray(cases, store, self.cfg, fleet, progress=progress, ray=self.ray, on_event=on_event)
 
 
 def probe_into(cases: list[Case], out: Path, executor: Executor, *,
@@ -223,3 +254,157 @@ def probe_into(cases: list[Case], out: Path, executor: Executor, *,
         todo = len({c.key for c in cases if c.key not in store})
         progress = on_open(store, todo) if on_open else None
         return executor.run(cases, store, progress, on_event)
+
+
+# --- this machine ---------------------------------------------------------------------------------------------
+
+
+def local_arch(device: str) -> str:
+    """The matrix arch of this machine's `device`: `sm_90` for an H200, `cpu` without a GPU."""
+    from attnmatrix.kernels.env import local_arch as arch_of
+
+    return arch_of(device)
+
+
+def device_provenance(device: str) -> dict:
+    """The machine and software stack a record made here carries (device, driver, CUDA, torch, ...)."""
+    from attnmatrix.kernels.env import device_provenance as provenance
+
+    return provenance(device)
+
+
+def runner_config(*, device: str, workers: int, timeout_s: float, memory_limit_mb: int | None = None,
+                  gpus: list[int] | None = None, timing: bool = True, timed_dtypes: tuple[str, ...] = tuple(DTYPES),
+                  budget_ms: float = 40.0, extra_env: dict[str, str] | None = None) -> RunnerConfig:
+    """How a sweep's workers probe: the probe's settings under a new run id (`new_run_id`), and the runner's."""
+    from attnmatrix.kernels.probe import ProbeConfig
+    from attnmatrix.kernels.runner import RunnerConfig
+
+    probe = ProbeConfig(timing=timing, run_id=new_run_id(), timed_dtypes=timed_dtypes, budget_ms=budget_ms)
+    return RunnerConfig(workers=workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb, device=device,
+                        gpus=gpus, probe=probe, extra_env=dict(extra_env or {}))
+
+
+def matmul_peak(gpu: int | None) -> tuple[dict[str, str], str | None]:
+    """The GPU's bf16 matmul peak as the environment the workers read (empty when it could not be measured), and
+    as text ("990 TFLOP/s (method)"). Measured in a subprocess: this process must not hold a CUDA context its
+    workers inherit."""
+    from attnmatrix.kernels.timing import PEAK_ENV, PEAK_METHOD_ENV, peak_env
+
+    env = peak_env(gpu)
+    return env, (f"{env[PEAK_ENV]} TFLOP/s ({env[PEAK_METHOD_ENV]})" if env else None)
+
+
+# --- a Ray fleet ----------------------------------------------------------------------------------------------
+
+
+def require_ray() -> None:
+    """Ray is installed here, or `RayMissing` saying how to install it (before a sweep builds anything)."""
+    from attnmatrix.kernels.ray_cluster import import_ray
+
+    import_ray()
+
+
+def ray_session(address: str | None) -> AbstractContextManager:
+    """Connected to the Ray cluster at `address` (`auto`: the one `ray start --head` runs here; None: a new local
+    instance) for the `with` block; yields the `ray` module (kernels/ray_cluster.py)."""
+    from attnmatrix.kernels.ray_cluster import ray_session as session
+
+    return session(address)
+
+
+@dataclass
+class Fleet:
+    """What a Ray cluster offers a sweep: its lanes (an arch, the resource that selects its nodes, how many tasks
+    at once), notes on nodes left out, the device probed and the archs offered for it."""
+
+    lanes: list[Lane]
+    notes: list[str]
+    device: str
+    archs: list[str]
+
+    def describe(self) -> str:
+        return "; ".join(lane.describe() for lane in self.lanes) or "none"
+
+
+def read_fleet(ray: object, device: str, *, cpus_per_task: int) -> Fleet:
+    """The live cluster's lanes; `device` `auto` is its GPUs if it has any, else its CPUs."""
+    from attnmatrix.kernels import ray_cluster as rc
+
+    lanes, notes = rc.live_lanes(ray, cpus_per_task=cpus_per_task)
+    dev = rc.fleet_device(lanes, device)
+    return Fleet(lanes, notes, dev, rc.fleet_archs(lanes, dev))
+
+
+# --- cross-compiling ------------------------------------------------------------------------------------------
+
+
+def not_cross_compilable(names: Iterable[str]) -> list[str]:
+    """The backends among `names` that cannot be compiled without a GPU (no compile-only path)."""
+    from attnmatrix.kernels.base import load_backend
+
+    return [n for n in names if load_backend(n).compile_only is None]
+
+
+def cross_compilable_backends() -> list[str]:
+    """The product's GPU backends that compile without a GPU."""
+    from attnmatrix.kernels.base import load_backend
+
+    return [n for n in backends_for("cuda") if load_backend(n).compile_only is not None]
+
+
+def compile_targets(archs: Sequence[str]) -> list[str]:
+    """The compile targets for `archs` (`sm_100` -> `sm_100a`; none: every default target). Only targets whose SM
+    count is known are taken: it is part of the compiled kernel. ValueError says which arch is refused and lists
+    the targets."""
+    from attnmatrix.kernels import xcompile as xc
+
+    known = ", ".join(xc.DEFAULT_TARGETS)
+    try:
+        targets = [xc.normalize_target(a) for a in (archs or xc.DEFAULT_TARGETS)]
+    except (CaseError, ValueError) as e:
+        raise ValueError(f"{str(e).removeprefix('arch: ')} (compile targets: {known})") from None
+    unknown = [t for t in targets if normalize_arch(t) not in xc.TARGETS]
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} is not a compile target this command knows the SM count of "
+                         f"(compile targets: {known})")
+    return targets
+
+
+def cross_compile(cases: list[Case], out: Path, targets: Sequence[str], *, workers: int, timeout_s: float,
+                  cache_dir: str | None, progress: Callable[[Record], None] | None = None) -> dict[str, RunSummary]:
+    """Compile every case for every target into the result file `out` (resumed), under one new run id;
+    {target: summary} (kernels/xcompile.py)."""
+    from attnmatrix.kernels import xcompile as xc
+
+    return xc.xcompile_cases(cases, out, targets, workers=workers, timeout_s=timeout_s, cache_dir=cache_dir,
+                             run_id=new_run_id(), progress=progress)
+
+
+# --- shipped binaries -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class ShippedCubins:
+    """What a flashinfer-cubin wheel ships: its kernel table, one `shipped` or `rejected` record per cell it
+    decides, and the evidence file's name (by what it holds, as scripts/evidence_name.py derives it)."""
+
+    table: KernelTable
+    records: list[Record]
+    file_name: str
+
+    def summary_json(self) -> str:
+        """Kernels per arch and cells per head dims, as `ingest-cubins --json` prints them."""
+        from attnmatrix.kernels.trtllm_cubins import dumps_summary
+
+        return dumps_summary(self.table, self.records)
+
+
+def read_cubin_wheel(wheel: Path) -> ShippedCubins:
+    """Read the kernel table out of `wheel` (nothing in it is executed); `CubinError` if it is not a
+    flashinfer-cubin wheel or its table cannot be read (kernels/trtllm_cubins.py)."""
+    from attnmatrix.kernels import trtllm_cubins as tc
+
+    table = tc.read_wheel(wheel)
+    name = f"{'+'.join(tc.ARCHS)}-trtllm-flashinfer-cubin{table.version}-shipped-{table.date.replace('-', '')}.jsonl"
+    return ShippedCubins(table, list(tc.shipped_records(table)), name)

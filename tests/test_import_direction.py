@@ -21,7 +21,8 @@ PACKAGE_DIRS = {"attnmatrix": ROOT / "attnmatrix", "attnmatrix.matrix": ROOT / "
 # vLLM's questions to it at the bottom (standard library only, vendored with the selector), the matrix (case space,
 # records, backends, resolution, workload timings), the kernels that produce records, the generator that turns a
 # resolved matrix into files, the engines' comparisons beside it, and the command line over the workflow layer (and
-# its output formats, ci_format) at the top.
+# its output formats, ci_format) at the top. The command line reaches the kernels only through the workflow layer,
+# which holds the decisions between them (attnmatrix/workflow.py).
 ALLOWED: dict[str, set[str]] = {
     "vocabulary": set(),
     "selector_engine": {"vocabulary"},
@@ -34,8 +35,8 @@ ALLOWED: dict[str, set[str]] = {
     "project": {"vocabulary", "matrix"},
     "workflow": {"vocabulary", "matrix", "kernels", "project"},
     "ci_format": set(),
-    "cli": {"vocabulary", "selector_engine", "selector_vllm", "selector", "matrix", "kernels", "generator", "engines",
-            "project", "workflow", "ci_format"},
+    "cli": {"vocabulary", "selector_engine", "selector_vllm", "selector", "matrix", "generator", "engines", "project",
+            "workflow", "ci_format"},
 }
 
 
@@ -120,6 +121,9 @@ def test_every_layer_of_the_package_is_in_the_table() -> None:
     ("generator/tables.py", "from attnmatrix.project import package_data_dir\n", "project"),
     ("attnmatrix/vocabulary.py", "from attnmatrix.matrix import cases\n", "matrix"),
     ("matrix/evidence.py", "def f():\n    from ..generator import render\n", "generator"),
+    ("attnmatrix/cli/probing.py", "from attnmatrix.kernels.env import local_arch\n", "kernels"),
+    ("attnmatrix/cli/fleet.py", "def f():\n    from ..kernels import ray_executor\n", "kernels"),
+    ("attnmatrix/cli/check.py", "def f():\n    import attnmatrix.kernels.runner\n", "kernels"),
 ])
 def test_the_check_finds_an_import_against_the_flow(tmp_path: Path, monkeypatch, src: str, code: str,
                                                     layer: str) -> None:
@@ -128,9 +132,9 @@ def test_the_check_finds_an_import_against_the_flow(tmp_path: Path, monkeypatch,
     copy = tmp_path / src
     copy.parent.mkdir(parents=True, exist_ok=True)
     copy.write_text(original + "\n" + code, encoding="utf-8")
-    folder = {"matrix": "attnmatrix.matrix", "generator": "attnmatrix.generator", "attnmatrix": "attnmatrix"}[
-        src.split("/")[0]]
-    module = folder + "." + Path(src).stem
+    folder, *inner = Path(src).with_suffix("").parts
+    module = ".".join([{"matrix": "attnmatrix.matrix", "generator": "attnmatrix.generator",
+                        "attnmatrix": "attnmatrix"}[folder], *inner])
     found = [f"{module}:{line}" for line, target in imports_of(module, copy)
              if layer_of(target) == layer and layer not in ALLOWED[layer_of(module)]]
     assert found, imports_of(module, copy)

@@ -137,12 +137,10 @@ def _reprobe(ev: Evidence, *, sample: int | None, seed: int, workers: int | None
              say=click.echo) -> list[ci.Outcome]:
     """Re-run the claims `workflow.reprobe_claims` picks: one outcome per claim, failed if it no longer holds
     (located on the record that made the claim)."""
-    from attnmatrix.kernels.env import local_arch
-
     from .sweeping import local_device, local_sweep
 
     dev = local_device()
-    arch = local_arch(dev)
+    arch = workflow.local_arch(dev)
     plan = workflow.plan_backends(workflow.backends_for(dev), dev)
     for n, why in sorted(plan.not_installed.items()):
         click.echo(f"reprobe: not installed here, its claims not re-checked: {n} ({why})", err=True)

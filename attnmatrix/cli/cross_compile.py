@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnmatrix import workflow
-from attnmatrix.matrix.cases import CaseError, normalize_arch
+from attnmatrix.matrix.cases import normalize_arch
 from attnmatrix.matrix.evidence import load_evidence
 from attnmatrix.matrix.storage import InputError
 
@@ -74,25 +74,16 @@ def xcompile(archs, backends, head_dims, features_spec, ops, dtypes, out, worker
     Example:
       attnmatrix xcompile --arch sm_100a --head-dims 128,192x128,256,512 --features causal --dtypes bfloat16
     """
-    from attnmatrix.kernels import xcompile as xc
-    from attnmatrix.kernels.base import load_backend
-
     names = parse_backends(backends) or ["fa4"]
-    cannot = [n for n in names if load_backend(n).compile_only is None]
+    cannot = workflow.not_cross_compilable(names)
     if cannot:
-        can = [n for n in workflow.backends_for("cuda") if load_backend(n).compile_only is not None]
+        can = workflow.cross_compilable_backends()
         raise UsageError(f"--backends: {', '.join(cannot)} cannot be cross-compiled (only {', '.join(can)} compile "
                          "without a GPU)")
     try:
-        targets = [xc.normalize_target(a) for a in (archs or xc.DEFAULT_TARGETS)]
-    except (CaseError, ValueError) as e:
-        known = ", ".join(xc.DEFAULT_TARGETS)
-        raise UsageError(f"--arch: {str(e).removeprefix('arch: ')} (compile targets: {known})") from None
-    # The CLI compiles for the known GPUs only: each target's SM count is part of the compiled kernel.
-    unknown = [t for t in targets if normalize_arch(t) not in xc.TARGETS]
-    if unknown:
-        raise UsageError(f"--arch: {', '.join(unknown)} is not a compile target this command knows the SM count "
-                         f"of (compile targets: {', '.join(xc.DEFAULT_TARGETS)})")
+        targets = workflow.compile_targets(archs)
+    except ValueError as e:
+        raise UsageError(f"--arch: {e}") from None
     cases = build_space(normalize_arch(targets[0]), names, head_dims, features_spec, ops, dtypes)
     path = out or DEFAULT_RESULTS / "xcompile.jsonl"
     check_out(path)
@@ -107,8 +98,8 @@ def xcompile(archs, backends, head_dims, features_spec, ops, dtypes, out, worker
                        + (f"  | {rec.reason[:120]}" if rec.reason else ""), err=True)
 
     try:
-        summaries = xc.xcompile_cases(cases, path, targets, workers=workers, timeout_s=timeout, cache_dir=cache_dir,
-                                      run_id=workflow.new_run_id(), progress=show)
+        summaries = workflow.cross_compile(cases, path, targets, workers=workers, timeout_s=timeout,
+                                           cache_dir=cache_dir, progress=show)
     except InputError as e:
         fail_input(e.problems)
     for target, summary in summaries.items():

@@ -309,16 +309,15 @@ def ingest_cubins(wheel, out, root, as_json) -> None:
       pip download --no-deps flashinfer-cubin==0.6.13 -d /tmp/dl
       attnmatrix ingest-cubins /tmp/dl/flashinfer_cubin-0.6.13-py3-none-any.whl
     """
-    from attnmatrix.kernels import trtllm_cubins as tc
+    from attnmatrix import workflow
 
     try:
-        table = tc.read_wheel(wheel)
-    except tc.CubinError as e:
+        shipped = workflow.read_cubin_wheel(wheel)
+    except workflow.CubinError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_USAGE)
-    # named by what it holds, as scripts/evidence_name.py derives it
-    name = f"{'+'.join(tc.ARCHS)}-trtllm-flashinfer-cubin{table.version}-shipped-{table.date.replace('-', '')}.jsonl"
-    path = out or locate(root, need_checkout=True).results_dir / name
+    table, records = shipped.table, shipped.records
+    path = out or locate(root, need_checkout=True).results_dir / shipped.file_name
     if path.exists():
         try:
             old = read_records(path)
@@ -329,10 +328,9 @@ def ingest_cubins(wheel, out, root, as_json) -> None:
             click.echo(f"error: {path} holds records that are not flashinfer-cubin shipped evidence (first: "
                        f"{foreign[0].key}, tier {foreign[0].tier}); not overwriting it", err=True)
             sys.exit(EXIT_USAGE)
-    records = list(tc.shipped_records(table))
     changed = write_records(path, records)
     if as_json:
-        click.echo(tc.dumps_summary(table, records))
+        click.echo(shipped.summary_json())
         return
     n_ok = sum(r.outcome == "shipped" for r in records)
     click.echo(f"flashinfer-cubin {table.version} ({len(table.kernels)} kernels, artifact {table.artifact}): "

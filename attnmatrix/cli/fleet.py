@@ -22,14 +22,9 @@ def probe_fleet(*, names, head_dims, features_spec, ops, dtypes, out: Path | Non
                  as_json: bool) -> None:
     """`probe --executor ray`: the case space of the cluster's archs, probed by Ray tasks (kernels/ray_executor.py).
     Installation is checked on the nodes (a backend missing there is recorded `unavailable` by its node)."""
-    from attnmatrix.kernels import ray_cluster as rc
-    from attnmatrix.kernels import ray_executor as rx
-    from attnmatrix.kernels.probe import ProbeConfig
-    from attnmatrix.kernels.runner import RunnerConfig
-
     try:
-        rc.import_ray()
-    except rc.RayMissing as e:
+        workflow.require_ray()
+    except workflow.RayMissing as e:
         raise UsageError(str(e)) from None
 
     def backends_of(dev: str) -> list[str]:
@@ -42,14 +37,13 @@ def probe_fleet(*, names, head_dims, features_spec, ops, dtypes, out: Path | Non
     cpus_per_task = workers or 1
     with contextlib.ExitStack() as stack:
         try:
-            ray = stack.enter_context(rc.ray_session(address))
+            ray = stack.enter_context(workflow.ray_session(address))
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise UsageError(f"--address {address or '(local)'}: cannot connect to Ray: {e}") from None
-        lanes, notes = rc.live_lanes(ray, cpus_per_task=cpus_per_task)
-        for n in notes:
+        fleet = workflow.read_fleet(ray, device, cpus_per_task=cpus_per_task)
+        for n in fleet.notes:
             click.echo(f"note: {n}", err=True)
-        dev = rc.fleet_device(lanes, device)
-        offered = rc.fleet_archs(lanes, dev)
+        dev = fleet.device
         if archs:
             try:
                 targets = sorted({normalize_arch(a) for a in archs})
@@ -59,10 +53,10 @@ def probe_fleet(*, names, head_dims, features_spec, ops, dtypes, out: Path | Non
             if clash:
                 raise UsageError(f"--arch {', '.join(clash)} is not probed with --device {device}")
         else:
-            targets = offered
-        have = {lane.arch for lane in lanes}
+            targets = fleet.archs
+        have = {lane.arch for lane in fleet.lanes}
         missing = [a for a in targets if a not in have]
-        lane_list = "; ".join(lane.describe() for lane in lanes) or "none"
+        lane_list = fleet.describe()
         if missing or not targets:
             what = f"arch {', '.join(missing)}" if missing else f"--device {dev}"
             raise UsageError(f"the Ray cluster has no node for {what} (its lanes: {lane_list})")
@@ -72,11 +66,9 @@ def probe_fleet(*, names, head_dims, features_spec, ops, dtypes, out: Path | Non
                                  ops, dtypes)
         out = out or DEFAULT_RESULTS / (f"{targets[0]}.jsonl" if len(targets) == 1 else "fleet.jsonl")
         check_out(out)
-        probe_cfg = ProbeConfig(timing=timing, run_id=workflow.new_run_id(), timed_dtypes=timed_dtypes,
-                                budget_ms=budget_ms)
-        cfg = RunnerConfig(workers=workers or 2, timeout_s=timeout, memory_limit_mb=memory_limit, device=dev,
-                           probe=probe_cfg)
-        executor = workflow.RayExecutor(cfg, rx.FleetConfig(chunk_size=chunk_size, cpus_per_task=cpus_per_task), ray)
+        cfg = workflow.runner_config(workers=workers or 2, timeout_s=timeout, memory_limit_mb=memory_limit,
+                                     device=dev, timing=timing, timed_dtypes=timed_dtypes, budget_ms=budget_ms)
+        executor = workflow.RayExecutor(cfg, ray, chunk_size=chunk_size, cpus_per_task=cpus_per_task)
 
         def describe(rec) -> str:
             return f"{rec.case.arch} {describe_record(rec)}"
@@ -98,7 +90,7 @@ def probe_fleet(*, names, head_dims, features_spec, ops, dtypes, out: Path | Non
         with bar:
             try:
                 summary = workflow.probe_into(cases, out, executor, on_open=opened, on_event=on_event)
-            except rx.FleetError as e:
+            except workflow.FleetError as e:
                 click.echo(f"error: {e}", err=True)
                 sys.exit(EXIT_FAILED)
     print_summary(summary, out, as_json)

@@ -128,13 +128,11 @@ def probe(backends, head_dims, features_spec, ops, dtypes, out, workers, gpus, t
     for name, value in (("--address", address), ("--arch", archs), ("--chunk-size", chunk_size)):
         if value:
             raise UsageError(f"{name} needs --executor ray (the local executor probes this machine's own arch)")
-    from attnmatrix.kernels.env import local_arch
-
     dev = local_device(device)
     ready = _plan(names, dev)
     if not ready:
         raise UsageError(f"no backend to probe on this machine ({dev})")
-    arch = local_arch(dev)
+    arch = workflow.local_arch(dev)
     cases = build_space(arch, ready, head_dims, features_spec, ops, dtypes)
     gpu_list = None
     if dev == "cuda" and gpus:
@@ -189,19 +187,17 @@ def run(root, backends, head_dims, features_spec, ops, dtypes, results_dir, repr
         sys.exit(EXIT_FAILED)
     out: Path | None = None
     if not no_probe:
-        from attnmatrix.kernels.env import device_provenance, local_arch
-
         dev = local_device()
         names = parse_backends(backends)
         ready = _plan(names, dev)
-        arch = local_arch(dev)
+        arch = workflow.local_arch(dev)
         out = results_dir / f"{arch}.jsonl"
         check_out(out)
         if not ready:
             click.echo(f"no installed backend to probe on this machine ({dev})")
         else:
             cases = build_space(arch, ready, head_dims, features_spec, ops, dtypes)
-            skip = set() if reprobe else workflow.recorded_here(base, arch, device_provenance(dev))
+            skip = set() if reprobe else workflow.recorded_here(base, arch, workflow.device_provenance(dev))
             todo = [c for c in cases if c.key not in skip]
             click.echo(f"{len(cases)} cases for {arch} ({', '.join(ready)}); {len(cases) - len(todo)} already in the "
                        f"matrix from this hardware, not probed again", err=True)

@@ -95,28 +95,21 @@ def local_sweep(cases: list, out: Path, *, device: str, workers: int | None, tim
                 quiet: bool = False, timed_dtypes: tuple[str, ...] = tuple(DTYPES), budget_ms: float = 40.0,
                 label: str = "probing"):
     """Probe `cases` on this machine into `out` with the local executor; prints progress on stderr."""
-    from attnmatrix.kernels.probe import ProbeConfig
-    from attnmatrix.kernels.runner import RunnerConfig
-
     env: dict[str, str] = {}
     if device == "cuda" and gpus is None:
         import torch
 
         gpus = list(range(torch.cuda.device_count()))
     if device == "cuda" and timing:
-        from attnmatrix.kernels.timing import PEAK_ENV, PEAK_METHOD_ENV, peak_env
-
-        # Measured in a subprocess: this process must not hold a CUDA context its workers inherit.
-        env = peak_env(gpus[0] if gpus else None)
+        env, peak = workflow.matmul_peak(gpus[0] if gpus else None)
         if not quiet:
-            click.echo(f"measured bf16 matmul peak: {env[PEAK_ENV]} TFLOP/s ({env[PEAK_METHOD_ENV]})" if env
+            click.echo(f"measured bf16 matmul peak: {peak}" if peak
                        else "the bf16 matmul peak could not be measured; records will carry none", err=True)
-    probe_cfg = ProbeConfig(timing=timing, run_id=workflow.new_run_id(), timed_dtypes=timed_dtypes,
-                            budget_ms=budget_ms)
     # Default: one worker per GPU, at least 2 (timed loops take turns on a GPU, so more workers mostly add
     # memory pressure during timing); `check --reprobe`, which times nothing, passes one per core.
-    cfg = RunnerConfig(workers=workers or max(2, len(gpus or ())), timeout_s=timeout,
-                       memory_limit_mb=memory_limit, device=device, gpus=gpus, probe=probe_cfg, extra_env=env)
+    cfg = workflow.runner_config(workers=workers or max(2, len(gpus or ())), timeout_s=timeout,
+                                 memory_limit_mb=memory_limit, device=device, gpus=gpus, timing=timing,
+                                 timed_dtypes=timed_dtypes, budget_ms=budget_ms, extra_env=env)
     on_open, bar = progress_bar(label, quiet, describe_record)
 
     def opened(store, todo):
