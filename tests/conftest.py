@@ -188,3 +188,23 @@ def checkout_copy(dest: Path) -> Path:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(repo / rel, dest / rel)
     return dest
+
+
+@pytest.fixture(scope="module")
+def cli_runner():
+    from click.testing import CliRunner
+
+    return CliRunner()
+
+
+@pytest.fixture
+def fast_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI without the embedded declared facts (thousands of records validated on every call): the
+    readers under test are the ones of FILE. The embedded facts get their own checks in test_cli.py."""
+    import functools
+
+    from attnmatrix.matrix import evidence
+
+    from attnmatrix.cli import common
+
+    monkeypatch.setattr(common, "load_evidence", functools.partial(evidence.load_evidence, declared=None))
