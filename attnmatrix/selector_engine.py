@@ -46,8 +46,10 @@ from statistics import median
 
 try:
     from . import vocabulary as V
+    from .selector_workloads import WORKLOAD_HINTS, place
 except ImportError:  # vendored as plain modules beside each other
     import vocabulary as V
+    from selector_workloads import WORKLOAD_HINTS, place
 
 SUPPORTED, UNSUPPORTED, UNKNOWN = V.SUPPORTED, V.UNSUPPORTED, V.UNKNOWN
 CACHE_MAX = 1 << 16
@@ -58,23 +60,6 @@ features_of = V.features_of
 
 def fset_label(features) -> str:
     return "+".join(features) or "none"
-
-
-# Optional workload hints of select_backends: the layer's head counts and the batch's shape. Prefill's point is
-# (batch_size, seq_len), decode's (batch_size, context_len); num_tokens stands for the batch where it is not
-# given (prefill: num_tokens // seq_len sequences; decode: one token per sequence).
-WORKLOAD_HINTS = ("num_heads", "num_kv_heads", "num_tokens", "batch_size", "seq_len", "context_len")
-
-
-def nearest_point(points, batch=None, length=None):
-    """The (batch, length) point nearest to the given axes in log space (an axis not given is ignored; ties:
-    the smaller point). The one bucket rule: matrix/workloads.py's bucket_of uses it too."""
-    from math import log
-
-    def dist(p):
-        return ((log(batch / p[0]) ** 2 if batch else 0.0) + (log(length / p[1]) ** 2 if length else 0.0), p)
-
-    return min(points, key=dist) if points else None
 
 
 def measured_latencies(timings: dict) -> dict:
@@ -309,38 +294,14 @@ class Engine:
         return self.data["default_rank"].get(arch, {}).get(backend, self.data["default_rank_missing"])
 
     def workload_order(self, arch, op, dtype, head_dim, head_dim_v, feats, hints):
-        """The timed bucket row for a hinted query, or None where no workload was timed for its cell.
-
-        A row is (heads_q, heads_kv, batch, length, ties, ((backend, ms), ...) fastest first): of the timed
-        layers, those nearest to the hinted head counts (query heads, then the GQA ratio, in log space; exact
-        when timed), then the bucket nearest to the hinted batch and length. `ties`: how many of the first
-        backends are within the rerun noise of the fastest."""
+        """Where the timings near the hinted shape place the cell's backends (selector_workloads.Placement), or
+        None where no workload was timed for the cell or no shape is hinted."""
         if op == "decode":  # one query token at the end sees the whole cache: causal or not, the same call
             feats = tuple(sorted(set(feats) | {"causal"}))
         rows = self.data.get("workloads", {}).get(arch, {}).get((op, dtype, head_dim, head_dim_v, tuple(feats)))
         if not rows or not hints:
             return None
-        from math import log
-
-        length = hints.get("context_len" if op == "decode" else "seq_len")
-        batch = hints.get("batch_size")
-        if batch is None and hints.get("num_tokens"):
-            batch = hints["num_tokens"] if op == "decode" else max(1, hints["num_tokens"] // (length or 1))
-        if batch is None and length is None:
-            return None
-        hq = hints.get("num_heads")
-        if hq is not None:
-            hkv = hints.get("num_kv_heads") or hq
-
-            def far(r):
-                return abs(log(r[0] / hq)) + abs(log((r[0] / r[1]) / (hq / hkv)))
-
-            best = min(far(r) for r in rows)
-            rows = [r for r in rows if far(r) == best]
-        heads = min((r[0], r[1]) for r in rows)
-        rows = [r for r in rows if (r[0], r[1]) == heads]
-        point = nearest_point(sorted({(r[2], r[3]) for r in rows}), batch, length)
-        return next(r for r in rows if (r[2], r[3]) == point)
+        return place(rows, op, hints, self.data.get("workload_band", 1.0))
 
     def query(self, arch, op, dtype, head_dim, head_dim_v, feats, hints=None, feats_for=None):
         """(supported answers best first, every answer, the declared ranking consulted or None).
@@ -349,8 +310,8 @@ class Engine:
         that calls one kernel differently, e.g. with another page size: EngineProfile).
 
         With workload `hints` (WORKLOAD_HINTS) and a timed workload for the cell, the supported backends are
-        ordered by the bucket's timings (`workload_order`): those tied with its fastest first, in the order
-        without hints, then the rest of the bucket's order, then backends the bucket did not time."""
+        ordered by the timings near the hinted shape (`workload_order`): those tied with the fastest first, in
+        the order without hints, then the rest of that order, then backends not timed there."""
         feats_for = feats_for or {}
         answers = [self.answer(arch, b, op, dtype, head_dim, head_dim_v, feats_for.get(b, feats))
                    for b in self.data["backends"].get(arch, ())]
@@ -365,10 +326,10 @@ class Engine:
             return (2, 0, default, a.backend)
 
         ordered = sorted((a for a in answers if a.status == SUPPORTED), key=key)
-        row = self.workload_order(arch, op, dtype, head_dim, head_dim_v, feats, hints)
-        if row is not None:
-            timed = [b for b, _ in row[5]]
-            tied, plain = set(timed[:row[4]]), {a.backend: i for i, a in enumerate(ordered)}
+        placed = self.workload_order(arch, op, dtype, head_dim, head_dim_v, feats, hints)
+        if placed is not None:
+            timed = [b for b, _ in placed.order]
+            tied, plain = set(timed[:placed.ties]), {a.backend: i for i, a in enumerate(ordered)}
 
             def by_bucket(a):
                 if a.backend in tied:
@@ -407,14 +368,13 @@ class Engine:
         """backend -> why it is in or out: supported ones first in selection order, then the rest by name."""
         ordered, answers, ranking = self.query(arch, op, dtype, head_dim, head_dim_v, feats, hints=hints)
         out = {a.backend: self.explain_answer(arch, a, i + 1, len(ordered), ranking) for i, a in enumerate(ordered)}
-        row = self.workload_order(arch, op, dtype, head_dim, head_dim_v, feats, hints)
-        if row is not None:
-            timed = dict(row[5])
+        placed = self.workload_order(arch, op, dtype, head_dim, head_dim_v, feats, hints)
+        if placed is not None:
+            timed, tied = dict(placed.order), dict(placed.order[:placed.ties])
             for a in ordered:
                 where = (f"{timed[a.backend]:.6g} ms" if a.backend in timed else "not timed there")
-                tie = ", tied with the fastest within the rerun noise" if a.backend in dict(row[5][:row[4]]) else ""
-                out[a.backend] += (f"; placed by the workload hints' bucket instead (heads {row[0]}/{row[1]}, "
-                                   f"batch {row[2]}, length {row[3]}): {where}{tie}")
+                tie = ", tied with the fastest within the measurement noise" if a.backend in tied else ""
+                out[a.backend] += f"; placed by the workload hints' timings instead ({placed.basis()}): {where}{tie}"
         for a in sorted(answers, key=lambda a: a.backend):
             if a.backend not in out:
                 out[a.backend] = self.explain_answer(arch, a, None, len(ordered), ranking)
@@ -462,8 +422,9 @@ class Engine:
         capability is (major, minor), e.g. (9, 0); `features` are the vocabulary's query parameters
         (attnmatrix.vocabulary.QUERY_PARAMS: causal=True, sliding_window=False, ..., page_size=None), and
         optional workload hints (WORKLOAD_HINTS: num_heads, num_kv_heads, num_tokens or batch_size, seq_len or
-        context_len) that order the backends by the matching workload bucket where one was timed; without
-        hints the order is the matrix's. [] when nothing is known to work.
+        context_len) that order the backends by the timings of the nearest timed layer at or around that shape
+        (selector_workloads) where the cell was timed; without hints the order is the matrix's. [] when nothing
+        is known to work.
         """
         try:
             key = (capability, head_size, head_size_v, op, dtype, names, *sorted(features.items()))
@@ -488,7 +449,7 @@ class Engine:
         """Every backend known for that arch -> why it is in or out: "supported (#position of n, tier, basis);
         evidence: <evidence ids>", "unsupported: <every failing reason> [evidence: <id>]" or
         "unknown: <what nothing answers>"; "composed from N separately probed cells" where no single probe gave the
-        answer; with workload hints, the bucket's timing of each. {} for an arch with no evidence. Same arguments
+        answer; with workload hints, each one's timing at that shape. {} for an arch with no evidence. Same arguments
         as select_backends. With `names="vllm"`: each engine name -> "<backend>: <why>" for each backend it
         runs, one line each, in the same order (names with a supported backend first, in selection order)."""
         table = None if names is None else self.names_of(names, op)

@@ -5,10 +5,19 @@
 
 `sweep` takes every layer type of the model presets (matrix/data/models.json) and every op it runs, checks
 each backend once on a small problem with the layer's head counts against the reference
-(kernels/reference.py), then times it on the op's bucket points (matrix/workloads.py BUCKETS) and on held-out
-points (HELD_OUT), GPU time per call (kernels/timing.py `measure`, CUDA graph), one timed loop at a time on
-the GPU (`exclusive_gpu`). The bucket points are timed a second time after the whole first pass, with fresh
-inputs: the ratio of the two is the rerun noise.
+(kernels/reference.py), then times the backends that passed at the op's bucket points (matrix/workloads.py
+BUCKETS) and at held-out points (HELD_OUT). At each point every backend runs on the same inputs and they take
+turns (kernels/timing.py `measure_interleaved`: GPU time per call from a CUDA graph, the L2 flushed before each
+replay, `--rounds` rounds each starting from the next backend), so a drift of the GPU's clocks over the sweep
+falls on all of them alike. Give `--backends` every backend to compare in one process: backends timed in
+separate processes are not compared under the same conditions. The medians of the even and of the odd rounds
+are two independent readings of one figure; their ratio is the measurement noise (`workloads.noise`), and
+backends within its p90 of the fastest tie.
+
+FA4's CuTe DSL compiles a kernel on its first call at each new configuration. `--warm-only` (with
+`FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`) makes every call once, times nothing and writes nothing: run it in
+parallel shards first, and the timing process loads the compiled kernels from the cache instead of compiling
+between its measurements.
 
 vLLM's FlashAttention builds (vllm_fa2, vllm_fa3, vllm_fa4) are timed through vLLM's call: varlen queries,
 the KV cache through `block_table` + `seqused_k` with vLLM's default kernel block size 16
@@ -17,15 +26,19 @@ the KV cache through `block_table` + `seqused_k` with vLLM's default kernel bloc
 and decode alike). Every other backend is called through its own API on contiguous tensors. Each line says
 which call ran (`entry`, `profile`).
 
-`report` ranks the backends per (layer, op, bucket) on the bucket points (a backend within the rerun noise
-of the fastest ties with it), then for every held-out point takes the first choice of the bucket it falls in
-(`workloads.bucket_of`; among tied backends, the first in the selector's order without hints), and reports
-regret = its time / the fastest time among the backends that passed the check and were timed there, per
-query, as geomean and max, beside the rerun noise. The first choice of the selector without hints (the
-committed matrix's answer for the layer's cell) is reported beside it.
+`report` ranks the backends per (layer, op, bucket) on the bucket points (a backend within the noise band of
+the fastest ties with it), then for every held-out point asks the generated selector (attnmatrix/selector.py, whose
+data are the committed sweep files) with the layer's head counts and the point as workload hints, and reports
+regret = the time of its first choice / the fastest time among the backends that passed the check and were timed
+there, and the time lost per call, per query, as geomean and max, beside the noise. Between bucket points the
+selector interpolates each backend's time from the points around (attnmatrix/selector_workloads.py); the report's
+`bucket` column is the nearest bucket point (`workloads.bucket_of`). The first choice of the selector without
+hints (the committed matrix's answer for the layer's cell) is reported beside it.
 
 Lines (JSON): {"backend", "kernel_version", "layer", "layers", "op", "case", "batch", "length", "set" ("check" |
-"bucket" | "held_out"), "rep", "outcome", "ms", "method", "reason", "entry", "profile", "heads_q", "heads_kv"}.
+"bucket" | "held_out"), "outcome", "ms" (median of "rounds"), "rounds" (per-call ms, one per round), "calls"
+(per replay), "copies" (of the inputs, taken in turn), "method", "note", "reason", "entry", "profile", "heads_q",
+"heads_kv", "device", "arch"}; after each finished workload {"set": "done", "layer", "op", "backends"}.
 """
 
 from __future__ import annotations
@@ -34,10 +47,8 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 from attnmatrix.matrix import workloads as W
@@ -112,12 +123,10 @@ def _check(backend, case, layer: Layer, op: str) -> tuple[str, str | None, str |
 def sweep(args: argparse.Namespace) -> int:
     import torch
     from attnmatrix.kernels.base import load_backend
-    from attnmatrix.kernels.probe import _message, device_fault
-    from attnmatrix.kernels.problem import make_problem
-    from attnmatrix.kernels.timing import exclusive_gpu, measure
 
     names = args.backends.split(",")
-    devices = {load_backend(b).device for b in names}
+    backends = {b: load_backend(b) for b in names}
+    devices = {b.device for b in backends.values()}
     if len(devices) != 1:
         raise SystemExit(f"--backends {args.backends}: one device at a time (got {sorted(devices)})")
     device = devices.pop()
@@ -140,83 +149,115 @@ def sweep(args: argparse.Namespace) -> int:
             same[sig].append(ly.name)
     i, n = (int(x) for x in args.shard.split("/"))
     work = work[i::n]
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(args.output) if args.output else None
+    done = set()
+    if out is not None and out.exists():  # a killed sweep resumes: finished workloads are not timed again
+        done = {(r["layer"], r["op"]) for r in W.load_rows([out])
+                if r["set"] == "done" and set(r["backends"]) == set(names)}
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    with out.open("a", encoding="utf-8") as f:
+    with (out.open("a", encoding="utf-8") if out is not None else open(os.devnull, "w")) as f:
+        checks: dict[tuple, dict] = {}
+
         def emit(row: dict) -> None:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
+            key = (row.get("backend"), row.get("layer"), row.get("op"))
+            if row["set"] == "check":
+                checks[key] = row
+            f.write(json.dumps(W.compact(row, checks.get(key)), sort_keys=True) + "\n")
             f.flush()
 
-        for name in names:
-            backend = load_backend(name)
-            why = backend.availability()
-            version = backend.version()
-            passed = []
-            for layer, op, names in work:
-                case = case_for(layer, op, name, arch)
-                base = {"backend": name, "kernel_version": version, "layer": layer.name, "layers": names, "op": op,
-                        "case": case.key,
-                        "heads_q": layer.heads_q, "heads_kv": layer.heads_kv, "profile": profile_of(name),
-                        "device": device_name, "arch": arch}
-                if why:
-                    emit({**base, "set": "check", "outcome": "unavailable", "reason": why})
-                    continue
-                outcome, reason, entry = _check(backend, case, layer, op)
-                emit({**base, "set": "check", "outcome": outcome, "reason": reason, "entry": entry})
-                print(f"{name:14} {layer.name:24} {op:11} check {outcome}", file=sys.stderr, flush=True)
-                if outcome == "pass":
-                    passed.append((layer, op, case, base, entry))
-            # The held-out points between the two passes over the bucket points: the rerun sees other work first.
-            for kind, rep in (("bucket", 0), ("held_out", 0), ("bucket", 1)):
-                for (layer, op, case, base, entry), (batch, length) in (
-                        (w, pt) for w in passed for pt in (W.BUCKETS if kind == "bucket" else W.HELD_OUT)[w[1]]):
-                    row = {**base, "entry": entry, "set": kind, "rep": rep, "batch": batch, "length": length}
-                    tp = None
-                    try:
-                        tp = make_problem(case, shape_for(layer, op, batch, length), device=device, seed=1 + rep,
-                                          draw_on_device=True)
-                        fn = backend.prepare(tp)
-                        fn()
-                        with exclusive_gpu():
-                            m = measure(fn, device=device, budget_ms=args.budget_ms)
-                        emit({**row, "outcome": "pass", "ms": round(m.gpu_ms, 5), "method": m.method,
-                              "host_ms": None if m.host_ms is None else round(m.host_ms, 5)})
-                    except Exception as e:  # noqa: BLE001 - a point not timed is noted
-                        emit({**row, "outcome": "untimed", "reason": _message(e, 300)})
-                        if device_fault(e):
-                            print(f"{name}: device fault, stopping this process", file=sys.stderr)
-                            return 3
-                    finally:
-                        del tp
-                        if device == "cuda":
-                            torch.cuda.empty_cache()
+        for k, (layer, op, same_layers) in enumerate(work, 1):
+            if (layer.name, op) in done:
+                continue
+            status = time_workload(backends, layer, op, same_layers, arch, device, device_name, emit, args)
+            print(f"[{k}/{len(work)}] {layer.name} {op}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+            if status:
+                return status
+            emit({"set": "done", "layer": layer.name, "op": op, "backends": names})
     print(json.dumps({"output": str(out), "seconds": round(time.monotonic() - t0, 1), "workloads": len(work)}))
+    return 0
+
+
+def copies_of(case, shape, device: str) -> list:
+    """The problem at `shape`, in as many copies (seeds 1, 2, ...) as make back-to-back calls each find their
+    inputs out of the L2 cache (kernels/timing.py `l2_copies`): an engine calls a layer's attention on that
+    layer's own cache, not on what the call before left in L2."""
+    from attnmatrix.kernels.problem import make_problem
+    from attnmatrix.kernels.timing import l2_copies
+
+    first = make_problem(case, shape, device=device, seed=1, draw_on_device=True)
+    n = l2_copies(sum(t.numel() * t.element_size() for t in (first.q, first.k, first.v))) if device == "cuda" else 1
+    return [first] + [make_problem(case, shape, device=device, seed=1 + i, draw_on_device=True) for i in range(1, n)]
+
+
+def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str], arch: str, device: str,
+                  device_name: str, emit, args: argparse.Namespace) -> int:
+    """Check every backend on the layer, then time those that passed at every point, in turns on one problem
+    (`measure_interleaved`). Returns 3 after a device fault (the process cannot go on), else 0."""
+    from dataclasses import replace
+
+    import torch
+    from attnmatrix.kernels.probe import _message, device_fault
+    from attnmatrix.kernels.timing import measure_interleaved
+
+    passed = {}
+    for name, backend in backends.items():
+        case = case_for(layer, op, name, arch)
+        base = {"backend": name, "kernel_version": backend.version(), "layer": layer.name, "layers": same_layers,
+                "op": op, "case": case.key, "heads_q": layer.heads_q, "heads_kv": layer.heads_kv,
+                "profile": profile_of(name), "device": device_name, "arch": arch}
+        why = backend.availability()
+        if why:
+            emit({**base, "set": "check", "outcome": "unavailable", "reason": why})
+            continue
+        outcome, reason, entry = _check(backend, case, layer, op)
+        emit({**base, "set": "check", "outcome": outcome, "reason": reason, "entry": entry})
+        if outcome == "pass":
+            passed[name] = (backend, case, {**base, "entry": entry})
+    for kind, points in (("bucket", W.BUCKETS[op]), ("held_out", W.HELD_OUT[op])):
+        for batch, length in points:
+            fns, rows = {}, {}
+            problems: list = []
+            try:
+                for name, (backend, case, base) in passed.items():
+                    rows[name] = {**base, "set": kind, "batch": batch, "length": length}
+                    try:
+                        if not problems:  # the same inputs for every backend, allocated once
+                            problems = copies_of(case, shape_for(layer, op, batch, length), device)
+                        fn = [backend.prepare(replace(p, case=case, page_size=case.page_size)) for p in problems]
+                        for f in fn:
+                            f()  # the first call compiles (FA4's JIT) and proves the call runs at this shape
+                        fns[name] = fn
+                    except Exception as e:  # noqa: BLE001 - a point not timed is noted
+                        emit({**rows[name], "outcome": "untimed", "reason": _message(e, 300)})
+                        if device_fault(e):
+                            return 3
+                if args.warm_only or not fns:
+                    continue
+                try:
+                    timed = measure_interleaved(fns, device=device, rounds=args.rounds)
+                except Exception as e:  # noqa: BLE001 - the point is noted as not timed for every backend
+                    for name in fns:
+                        emit({**rows[name], "outcome": "untimed", "reason": _message(e, 300)})
+                    if device_fault(e):
+                        return 3
+                    continue
+                for name, m in timed.items():
+                    emit({**rows[name], "outcome": "pass", "ms": round(m.ms, 5), "method": m.method,
+                          "calls": m.calls, "copies": len(problems), "rounds": [round(x, 5) for x in m.rounds_ms],
+                          "note": m.note})
+            finally:
+                del fns, problems
+                if device == "cuda":
+                    torch.cuda.empty_cache()
     return 0
 
 
 # --- report (CPU) -------------------------------------------------------------------------------------------
 
-def read_rows(paths: list[str]) -> list[dict]:
-    rows = []
-    for p in paths:
-        for n, line in enumerate(Path(p).read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except ValueError as e:
-                raise SystemExit(f"{p}:{n}: not JSON ({e})") from None
-    return rows
-
-
 def geomean(xs: list[float]) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
-
-
-def quantile(xs: list[float], q: float) -> float | None:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
 
 
 def expand(rows: list[dict]) -> list[dict]:
@@ -231,30 +272,29 @@ def analyse(rows: list[dict], order=None) -> dict:
     when a point is given (`selector_orders`); without one, the regret is that of the bucket's own first choice."""
     checks = {(r["backend"], r["layer"], r["op"]): r for r in rows if r["set"] == "check"}
     ok = {k for k, r in checks.items() if r["outcome"] == "pass"}
-    times: dict[tuple, dict[int, float]] = defaultdict(dict)  # (backend, layer, op, set, batch, length) -> rep -> ms
+    times: dict[tuple, float] = {}  # (backend, layer, op, set, batch, length) -> ms
     for r in rows:
-        if r["set"] != "check" and r["outcome"] == "pass" and (r["backend"], r["layer"], r["op"]) in ok:
-            times[(r["backend"], r["layer"], r["op"], r["set"], r["batch"], r["length"])][r["rep"]] = r["ms"]
-    ratios = sorted(max(v.values()) / min(v.values()) for v in times.values() if len(v) >= 2)
-    noise = quantile(ratios, 0.9) or 1.0
-
-    def ms(key) -> float:
-        return statistics.median(times[key].values())
+        if r["set"] in ("bucket", "held_out") and r["outcome"] == "pass" and (r["backend"], r["layer"], r["op"]) in ok:
+            times[(r["backend"], r["layer"], r["op"], r["set"], r["batch"], r["length"])] = r["ms"]
+    # each timed row once (not once per layer it stands for), of the backends that passed their check
+    spread = W.noise([r for r in rows if (r.get("backend"), r.get("layer"), r.get("op")) in ok
+                      and r["layer"] == (r.get("layers") or [r["layer"]])[0]])
+    band = spread["p90"] or 1.0
 
     workloads = sorted({(r["layer"], r["op"]) for r in rows if r["set"] == "check"})
     rankings, queries = {}, []
     for layer, op in workloads:
         for batch, length in W.BUCKETS[op]:
-            cands = sorted((ms(k), k[0]) for k in times if k[1:] == (layer, op, "bucket", batch, length))
+            cands = sorted((t, k[0]) for k, t in times.items() if k[1:] == (layer, op, "bucket", batch, length))
             if not cands:
                 continue
             best = cands[0][0]
             rankings[f"{layer} {op} {bucket_label(op, batch, length)}"] = {
                 "order": [[b, round(t, 5)] for t, b in cands],
-                "tie_within_noise": [b for t, b in cands if t / best <= noise],
+                "tie_within_noise": [b for t, b in cands if t / best <= band],
             }
         for batch, length in W.HELD_OUT[op]:
-            here = {k[0]: ms(k) for k in times if k[1:] == (layer, op, "held_out", batch, length)}
+            here = {k[0]: t for k, t in times.items() if k[1:] == (layer, op, "held_out", batch, length)}
             if not here:
                 continue
             bb, bl = bucket_of(op, batch, length)
@@ -269,18 +309,23 @@ def analyse(rows: list[dict], order=None) -> dict:
                          regret_without_hints=round(here[plain] / fastest, 4) if plain else None)
             else:
                 pick = next((b for b, _ in rk["order"] if b in here), None) if rk else None
-            q.update(pick=pick, regret=round(here[pick] / fastest, 4) if pick else None)
+            q.update(pick=pick, regret=round(here[pick] / fastest, 4) if pick else None,
+                     lost_us=round((here[pick] - fastest) * 1e3, 2) if pick else None, fastest_ms=fastest)
             queries.append(q)
     regrets = [q["regret"] for q in queries if q.get("regret")]
     plain = [q["regret_without_hints"] for q in queries if q.get("regret_without_hints")]
     return {
-        "noise": {"pairs": len(ratios), "median": quantile(ratios, 0.5), "p90": noise,
-                  "max": ratios[-1] if ratios else None,
-                  "what": "ratio slower/faster of the two timings of one backend at one bucket point (fresh inputs, "
-                          "the whole first pass in between); a bucket's backends within p90 of the fastest tie"},
+        "noise": {**spread,
+                  "what": "slower/faster of the medians of the even and of the odd rounds of one backend at one "
+                          "point (the backends take turns, on the same inputs); backends within p90 of the "
+                          "fastest tie"},
         "regret": {"queries": len(regrets), "geomean": _r(geomean(regrets)), "max": max(regrets, default=None),
                    "first_choice_fastest": sum(1 for x in regrets if x == 1.0),
-                   "within_noise": sum(1 for x in regrets if x <= noise)},
+                   "within_noise": sum(1 for x in regrets if x <= band),
+                   "over_1.10": sum(1 for x in regrets if x > 1.10),
+                   "max_lost_us": max((q["lost_us"] for q in queries if q.get("lost_us") is not None), default=None),
+                   "slowest_fastest_ms_over_1.10": max((q["fastest_ms"] for q in queries
+                                                         if (q.get("regret") or 0) > 1.10), default=None)},
         "regret_without_hints": {"queries": len(plain), "geomean": _r(geomean(plain)), "max": max(plain, default=None)},
         "checks": {f"{b} {ly} {op}": r["outcome"] + (f": {r['reason']}" if r.get("reason") else "")
                    for (b, ly, op), r in sorted(checks.items())},
@@ -324,7 +369,7 @@ def selector_orders(rows: list[dict]):
 
 
 def report(args: argparse.Namespace) -> int:
-    rows = expand(read_rows(args.files or [str(p) for p in sorted(W.WORKLOADS_DIR.glob("*.jsonl"))]))
+    rows = expand(W.load_rows([Path(f) for f in args.files] if args.files else None))
     result = analyse(rows, selector_orders(rows))
     result["files"] = [str(Path(p)) for p in args.files]
     text = json.dumps(result, indent=1, sort_keys=True) + "\n"
@@ -333,16 +378,20 @@ def report(args: argparse.Namespace) -> int:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, args.output)
     s = result
-    print(f"rerun noise: median {s['noise']['median']:.3f}, p90 {s['noise']['p90']:.3f}, max {s['noise']['max']:.3f} "
-          f"({s['noise']['pairs']} pairs)")
+    n = s["noise"]
+    print(f"measurement noise (even vs odd rounds): median {n['median']:.3f}, p90 {n['p90']:.3f}, max {n['max']:.3f} "
+          f"({s['noise']['points']} points)")
     print(f"regret, selector with workload hints: geomean {s['regret']['geomean']}, max {s['regret']['max']} over "
           f"{s['regret']['queries']} held-out queries ({s['regret']['first_choice_fastest']} fastest, "
-          f"{s['regret']['within_noise']} within noise)")
+          f"{s['regret']['within_noise']} within noise; {s['regret']['over_1.10']} over 1.10, where the fastest took "
+          f"at most {s['regret']['slowest_fastest_ms_over_1.10']} ms; at most {s['regret']['max_lost_us']} us lost "
+          "per call)")
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
           f"max {s['regret_without_hints']['max']}")
     for q in result["queries"]:
         print(f"  {q['layer']:24} {q['op']:11} {q['shape']:12} bucket {q['bucket']:12} pick {q.get('pick')!s:14} "
-              f"regret {q.get('regret')!s:7} fastest {q['fastest']:14} no-hints {q.get('pick_without_hints')!s:14} "
+              f"regret {q.get('regret')!s:7} ({q.get('lost_us')!s:>6} us) fastest {q['fastest']:14} "
+              f"no-hints {q.get('pick_without_hints')!s:14} "
               f"{q.get('regret_without_hints')}")
     return 0
 
@@ -352,14 +401,20 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sweep", help="GPU: check and time the backends on the presets' workloads")
     s.add_argument("--backends", required=True, help="comma-separated, timed one after another")
-    s.add_argument("-o", "--output", required=True, help="JSON Lines, appended to")
+    s.add_argument("-o", "--output", help="JSON Lines, appended to; a workload already finished there (its `done` "
+                   "line, same backends) is not timed again, so a killed sweep resumes")
     s.add_argument("--presets", help=f"models file (default matrix/data/{W.DEFAULT_MODELS.name})")
     s.add_argument("--shard", default="0/1", help="i/n: this process takes every n-th workload from i")
-    s.add_argument("--budget-ms", type=float, default=20.0, help="timed repetitions per point, after warm-up")
+    s.add_argument("--rounds", type=int, default=6, help="rounds of turns per point (each backend once per round)")
+    s.add_argument("--warm-only", action="store_true",
+                   help="check and call every backend at every point without timing: fills FA4's kernel cache "
+                        "(FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1) from parallel shards before one process times")
     r = sub.add_parser("report", help="rankings per bucket and regret on held-out points, from sweep files")
     r.add_argument("files", nargs="*", help="sweep files (default: the committed ones, matrix/data/workloads)")
     r.add_argument("-o", "--output")
     args = ap.parse_args(argv)
+    if args.cmd == "sweep" and not args.output and not args.warm_only:
+        ap.error("sweep: -o/--output is required (except with --warm-only)")
     return sweep(args) if args.cmd == "sweep" else report(args)
 
 

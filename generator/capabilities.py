@@ -161,6 +161,7 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
         per_block[(c.case.arch, c.case.backend)].append(c)
     public = sorted(b for b in m.backends if not is_test_only(m, b))
     backends = {a: tuple(sorted({b for x, b in per_block if x == a})) for a in archs}
+    timed, band = workloads(archs)
     return {
         "archs": tuple(archs),
         "backends": backends,
@@ -174,22 +175,25 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
                                     tuple(r.sources)) for r in m.rankings),
         "rules": backend_rules(per_block, archs),
         "measured": measured(cells),
-        "workloads": workloads(archs),
+        "workloads": timed,
+        "workload_band": band,
     }
 
 
-def workloads(archs) -> dict:
-    """arch -> (op, dtype, head_dim, head_dim_v, feature set) -> bucket rows (selector_engine.workload_order),
-    from the committed workload timings (matrix/data/workloads, matrix/workloads.py bucket_orders)."""
+def workloads(archs) -> tuple[dict, float]:
+    """(arch -> (op, dtype, head_dim, head_dim_v, feature set) -> bucket rows, the noise band within which two
+    timings tie) for selector_workloads.place, from the committed workload timings (matrix/data/workloads,
+    matrix/workloads.py bucket_orders)."""
     from attnmatrix.matrix.workloads import bucket_orders, load_rows
 
-    _, orders = bucket_orders(load_rows())
+    noise, orders = bucket_orders(load_rows())
     out: dict = {}
     for (arch, op, dtype, hd, hdv, feats, hq, hkv, batch, length), (order, ties) in orders.items():
         if arch in archs:
             out.setdefault(arch, {}).setdefault((op, dtype, hd, hdv, tuple(feats)), []).append(
                 (hq, hkv, batch, length, ties, order))
-    return {a: {k: tuple(v) for k, v in sorted(rows.items())} for a, rows in sorted(out.items())}
+    return ({a: {k: tuple(v) for k, v in sorted(rows.items())} for a, rows in sorted(out.items())},
+            noise["p90"] or 1.0)
 
 
 _LAST: list = []  # [(matrix, cells dict, cell count, include_cpu), engine]: one matrix is queried many times

@@ -44,7 +44,7 @@ TEMPLATES = Path(__file__).parent / "templates"
 SELECTOR_PATH = "attnmatrix/selector.py"
 # The vendored selector: the generated module and the hand-written modules it imports (attnmatrix.<name>), copied
 # side by side as plain files (standard library only).
-SELECTOR_MODULES = ("selector", "selector_engine", "selector_vllm", "vocabulary")
+SELECTOR_MODULES = ("selector", "selector_engine", "selector_vllm", "selector_workloads", "vocabulary")
 SUPPORT_MATRIX_PATH = "site/support-matrix.md"
 MLA_PREFILL_PATH = "site/mla-prefill.md"
 FA_VERSION_PATH = "site/fa-version.md"

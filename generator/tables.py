@@ -98,7 +98,7 @@ def _wrap(m: ResolvedMatrix, eng: Engine, q: Query, a, ranking) -> Answer:
 
 def query(m: ResolvedMatrix, q: Query, hints: dict[str, int] | None = None) -> tuple[list[Answer], list[Answer]]:
     """(supported answers in the engine's order, every answer) for one query; `hints`: the engine's optional
-    workload hints (selector_engine.WORKLOAD_HINTS), which order by the nearest timed workload bucket."""
+    workload hints (selector_workloads.WORKLOAD_HINTS), which order by the timings at or around that shape."""
     eng = engine_for(m)
     ordered, answers, ranking = eng.query(q.arch, q.op, q.dtype, q.head_dim, q.head_dim_v, q.features, hints=hints)
     wrapped = {a.backend: _wrap(m, eng, q, a, ranking) for a in answers}

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -231,6 +231,127 @@ def _time_launches(fn: Callable[[], object], flush: torch.Tensor, calls: int, ho
         times.append(t)
         spent += t
     return statistics.median(times) / calls, len(times)
+
+
+# --- several kernels on one problem, in turns ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Interleaved:
+    """Per-call times of one function, one figure per round (see `measure_interleaved`)."""
+
+    rounds_ms: list[float]
+    method: str  # one of TIMING_METHODS
+    calls: int  # calls per replay
+    note: str | None = None
+
+    @property
+    def ms(self) -> float:
+        return statistics.median(self.rounds_ms)
+
+    def halves(self) -> tuple[float, float]:
+        """Medians of the even and of the odd rounds: two independent readings of the same figure."""
+        return statistics.median(self.rounds_ms[0::2]), statistics.median(self.rounds_ms[1::2])
+
+
+def l2_copies(input_bytes: int, *, cap: int = 16) -> int:
+    """How many copies of a call's inputs make each of back-to-back calls find its own inputs out of the L2 cache:
+    together they span twice the device's L2 (1 for inputs that large already). At most `cap`: inputs under an
+    eighth of the L2 stay partly in it from one turn of the copies to the next."""
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) if torch.cuda.is_available() else 0
+    if not l2 or input_bytes <= 0:
+        return 1
+    return max(1, min(cap, math.ceil(2 * l2 / input_bytes)))
+
+
+def _cycle(fns: Sequence[Callable[[], object]]) -> Callable[[], object]:
+    """One callable that calls `fns` in turn, one per call (each copy of the inputs in turn)."""
+    turn = itertools.cycle(fns)
+    return lambda: next(turn)()
+
+
+def _plan_graph(fns: Sequence[Callable[[], object]], replay_ms: float, max_calls: int) -> tuple:
+    """(GRAPH, graph, calls, None): one call captured and replayed gives its GPU time, which sets how many calls
+    the timed graph holds (a replay of about `replay_ms`: long against the events' resolution), taking the
+    copies in `fns` in turn."""
+    one = _capture(fns[0], 1)
+    best = math.inf
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        one.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end))
+    calls = max(1, min(max_calls, math.ceil(replay_ms / max(best, 1e-4))))
+    if calls == 1:
+        return GRAPH, one, 1, None
+    del one
+    return GRAPH, _capture(_cycle(fns), calls), calls, None
+
+
+def measure_interleaved(fns: dict[str, Callable[[], object] | Sequence[Callable[[], object]]], *, device: str,
+                        rounds: int = 6, replay_ms: float = 0.5, max_calls: int = 100) -> dict[str, Interleaved]:
+    """GPU time per call of each function, the functions taking turns: round r replays every function once
+    (its CUDA graph of N calls, the L2 flushed before it), starting from the r-th function, so a drift of the
+    GPU's clocks or temperature over the measurement falls on every function alike and a ranking of the
+    functions compares them under the same conditions. N is chosen per function so a replay lasts about
+    `replay_ms`. A function that cannot be captured is timed by back-to-back launches behind a spin kernel
+    (`measure`'s fallback). On the CPU: wall time of one call per round.
+
+    A name may map to several callables (the same call on copies of its inputs): the N calls take them in
+    turn, so with enough copies no call finds its inputs still in the L2 cache from the call before, as an
+    engine's call for one layer does not find them there (`l2_copies`)."""
+    fns = {n: list(f) if isinstance(f, (list, tuple)) else [f] for n, f in fns.items()}
+    names = list(fns)
+    if device != "cuda":
+        out: dict[str, list[float]] = {n: [] for n in names}
+        for n in names:
+            fns[n][0]()
+        for r in range(rounds):
+            for n in names[r % len(names):] + names[:r % len(names)]:
+                t0 = time.perf_counter()
+                fns[n][r % len(fns[n])]()
+                out[n].append((time.perf_counter() - t0) * 1e3)
+        return {n: Interleaved(v, WALL, 1) for n, v in out.items()}
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    plans: dict[str, tuple] = {}
+    try:
+        for n in names:
+            for fn in fns[n]:
+                fn()
+            torch.cuda.synchronize()
+            try:
+                plans[n] = _plan_graph(fns[n], replay_ms, max_calls)
+            except Exception as e:  # noqa: BLE001 - a call that cannot be captured is timed the other way
+                torch.cuda.synchronize()  # a device fault (not a capture refusal) surfaces here and propagates
+                note = f"not captured: {type(e).__name__}: {str(e).strip()[:200]}"
+                host = _host_ms(fns[n][0], 3)
+                calls = max(1, min(max_calls, math.ceil(replay_ms / max(host, 1e-4))))
+                plans[n] = (LAUNCHES, host, calls, note)
+        times: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            events = []
+            for n in order:
+                method, obj, calls, _ = plans[n]
+                if method == LAUNCHES:
+                    torch.cuda.synchronize()
+                    ms, _ = _time_launches(_cycle(fns[n]), flush, calls, obj, 0.0, 1, 1)
+                    times[n].append(ms)
+                    continue
+                flush.zero_()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                obj.replay()
+                e.record()
+                events.append((n, s, e, calls))
+            torch.cuda.synchronize()
+            for n, s, e, calls in events:
+                times[n].append(s.elapsed_time(e) / calls)
+        return {n: Interleaved(times[n], plans[n][0], plans[n][2], plans[n][3]) for n in names}
+    finally:
+        plans.clear()
+        del flush
 
 
 # --- the device's own ceiling ---------------------------------------------------------------------------

@@ -19,22 +19,25 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
-from attnmatrix.selector_engine import nearest_point
+from attnmatrix.selector_workloads import nearest_point
 
 # (batch, length): prefill length = tokens per sequence (query = key length); decode length = context.
-# Two values per axis, far apart, so that the points bracket what engines run (short chat prefill to long
-# documents; a few to hundreds of decoding sequences) and a full sm_90 sweep stays inside a few minutes.
-BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {
-    "prefill": ((1, 512), (1, 8192), (16, 512), (16, 4096)),
-    "mla_prefill": ((1, 512), (1, 8192), (16, 512), (16, 4096)),
-    "decode": ((8, 1024), (8, 16384), (128, 1024), (128, 8192)),
-}
-# Shapes between and beyond the bucket points; none of them is a bucket point.
+# A factor of 4 between neighbours on each axis, so a query is never more than a factor of 2 from a bucket on
+# either axis, from one short chat prefill to a 16k-token document and from one decoding sequence to 256. The
+# points whose work would dwarf what one engine step holds are left out (prefill: over 64k tokens; decode:
+# over 1M cached tokens), which also keeps a full sm_90 sweep of the installed backends inside 10 minutes.
+_PREFILL = tuple((b, s) for b in (1, 4, 16, 64) for s in (256, 1024, 4096, 16384) if b * s <= 65536)
+_DECODE = tuple((b, c) for b in (1, 4, 16, 64, 256) for c in (512, 2048, 8192, 32768) if b * c <= 2**20)
+BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_prefill": _PREFILL, "decode": _DECODE}
+# Shapes between the bucket points (about a factor of 2 from the nearest on each axis, where a ranking is least
+# sure) and at lengths that are not powers of two; none of them is a bucket point.
+_PREFILL_HELD_OUT = ((1, 2048), (2, 512), (2, 8192), (8, 2048), (32, 512), (3, 3000), (24, 700))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
-    "prefill": ((1, 2048), (4, 1024), (2, 16384), (32, 256), (8, 2048)),
-    "mla_prefill": ((1, 2048), (4, 1024), (2, 16384), (32, 256), (8, 2048)),
-    "decode": ((1, 4096), (32, 2048), (64, 32768), (256, 512), (16, 4096)),
+    "prefill": _PREFILL_HELD_OUT,
+    "mla_prefill": _PREFILL_HELD_OUT,
+    "decode": ((1, 4096), (2, 1024), (8, 16384), (32, 2048), (128, 1024), (24, 3000), (3, 12000)),
 }
 # The length axis's name per op, as the selector's hints spell it.
 LENGTH_NAME = {"prefill": "seq_len", "mla_prefill": "seq_len", "decode": "context_len"}
@@ -60,17 +63,35 @@ def layer_features(case_key: str) -> tuple[str, ...]:
     return tuple(t for t in case_key.rsplit("/", 1)[-1].split("+") if t != "none" and not t.startswith("paged_kv:"))
 
 
-def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
-    """(noise, orders) from sweep rows (benchmarks/regret.py). The noise is the distribution of slower/faster
-    of a backend's two timings at one bucket point (p90 is the tie band); orders maps
-    (arch, op, dtype, head_dim, head_dim_v, features, heads_q, heads_kv, batch, length) to
-    (((backend, median ms), ...) fastest first, how many of the first are within the band of the fastest).
-    Only backends whose check passed on that layer count."""
-    from statistics import median
+def point_noise(row: dict) -> float | None:
+    """How far two independent readings of one timed point are apart: slower / faster of the medians of its even
+    and of its odd rounds (benchmarks/regret.py times backends in turns); None with fewer than two rounds."""
+    rounds = row.get("rounds") or []
+    if len(rounds) < 2:
+        return None
+    a, b = median(rounds[0::2]), median(rounds[1::2])
+    return max(a, b) / min(a, b)
 
+
+def noise(rows: list[dict]) -> dict:
+    """The distribution of `point_noise` over the timed points of `rows`; its p90 is the tie band."""
+    ratios = sorted(x for r in rows if r.get("set") in ("bucket", "held_out") and r.get("outcome") == "pass"
+                    for x in [point_noise(r)] if x is not None)
+
+    def q(p: float) -> float | None:
+        return round(ratios[min(len(ratios) - 1, int(p * len(ratios)))], 4) if ratios else None
+
+    return {"points": len(ratios), "median": q(0.5), "p90": q(0.9), "max": round(ratios[-1], 4) if ratios else None}
+
+
+def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
+    """(noise, orders) from sweep rows (benchmarks/regret.py). The noise is `noise(rows)` (p90 is the tie band);
+    orders maps (arch, op, dtype, head_dim, head_dim_v, features, heads_q, heads_kv, batch, length) to
+    (((backend, ms), ...) fastest first, how many of the first are within the band of the fastest).
+    Only backends whose check passed on that layer count."""
     passed = {(r["backend"], r["case"], r["heads_q"], r["heads_kv"]) for r in rows
               if r["set"] == "check" and r["outcome"] == "pass"}
-    times: dict[tuple, dict[int, float]] = {}
+    times: dict[tuple, dict[str, float]] = {}
     for r in rows:
         if r["set"] == "bucket" and r["outcome"] == "pass" and (r["backend"], r["case"], r["heads_q"],
                                                                  r["heads_kv"]) in passed:
@@ -81,34 +102,56 @@ def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
                 feats = tuple(sorted(set(feats) | {"causal"}))
             key = (r["arch"], op, dtype, int(hd), int(hdv or hd), feats, r["heads_q"],
                    r["heads_kv"], r["batch"], r["length"])
-            times.setdefault(key, {}).setdefault(r["backend"], {})[r.get("rep", 0)] = r["ms"]
-    ratios = sorted(max(v.values()) / min(v.values()) for per in times.values() for v in per.values() if len(v) > 1)
-
-    def q(p: float) -> float | None:
-        return round(ratios[min(len(ratios) - 1, int(p * len(ratios)))], 4) if ratios else None
-
-    band = q(0.9) or 1.0
+            times.setdefault(key, {})[r["backend"]] = r["ms"]
+    spread = noise(rows)
+    band = spread["p90"] or 1.0
     orders = {}
     for key, per in sorted(times.items()):
-        order = sorted(((b, round(median(v.values()), 5)) for b, v in per.items()), key=lambda x: (x[1], x[0]))
+        order = sorted(((b, round(ms, 5)) for b, ms in per.items()), key=lambda x: (x[1], x[0]))
         orders[key] = (tuple(order), sum(1 for _, t in order if t / order[0][1] <= band))
-    return {"pairs": len(ratios), "median": q(0.5), "p90": band, "max": ratios[-1] if ratios else None}, orders
+    return spread, orders
 
 
 WORKLOADS_DIR = Path(__file__).resolve().parent / "data" / "workloads"
 
 
+# What a timed row shares with its backend's check row on the same layer and op: written once, on the check row
+# (`compact`), and given back to every timed row when read (`load_rows`).
+SHARED_FIELDS = ("arch", "case", "device", "entry", "heads_kv", "heads_q", "kernel_version", "layers", "profile")
+
+
+def compact(row: dict, check: dict | None) -> dict:
+    """`row` without the fields its check row already states (a timed row of a sweep file)."""
+    if check is None or row.get("set") not in ("bucket", "held_out"):
+        return row
+    return {k: v for k, v in row.items() if not (k in SHARED_FIELDS and check.get(k) == v)}
+
+
 def load_rows(paths: list[Path] | None = None) -> list[dict]:
-    """Sweep rows from the committed workload files (matrix/data/workloads/*.jsonl) or `paths`."""
+    """Sweep rows from the committed workload files (matrix/data/workloads/*.jsonl) or `paths`, each timed row
+    with the fields it shares with its check row (`compact`) filled back in."""
     files = paths if paths is not None else sorted(WORKLOADS_DIR.glob("*.jsonl"))
     rows = []
     for f in files:
+        checks: dict[tuple, dict] = {}
         for n, line in enumerate(Path(f).read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError as e:
-                    raise PresetError(f"{f}:{n}: not JSON ({e})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise PresetError(f"{f}:{n}: not JSON ({e})") from None
+            if not isinstance(row, dict) or "set" not in row:
+                raise PresetError(f"{f}:{n}: not a sweep row (a JSON object with a `set` field)")
+            key = (row.get("backend"), row.get("layer"), row.get("op"))
+            if row["set"] == "check":
+                checks[key] = row
+            elif row["set"] in ("bucket", "held_out"):
+                check = checks.get(key)
+                if check is None:
+                    raise PresetError(f"{f}:{n}: a timed row of {'/'.join(map(str, key))} before its check row")
+                row = {**{k: check[k] for k in SHARED_FIELDS if k in check}, **row}
+            rows.append(row)
     return rows
 
 

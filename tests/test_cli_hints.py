@@ -1,4 +1,4 @@
-"""`attnmatrix explain` with workload hints: the selector's order by the nearest timed workload bucket, the same
+"""`attnmatrix explain` with workload hints: the selector's order by the timings at that shape, the same
 from the selector's data and from the matrix (`--full`), the engine's words on the bucket that placed each
 backend, the old answer without hints, and bad values refused naming the option.
 
@@ -106,7 +106,7 @@ def test_hints_order_by_the_bucket_and_each_backend_says_which() -> None:
     assert text.exit_code == 0, text.output
     out = flat(text.stdout)
     assert f"order: {', '.join(j['order'])}" in out
-    assert "workload hints --num-heads" in out and "ordered by the timed workload bucket nearest to them" in out
+    assert "workload hints --num-heads" in out and "ordered by their timings at that shape" in out
     assert all(flat(j["backends"][b]["bucket"]) in out for b in j["order"])
 
 
@@ -176,7 +176,7 @@ def test_help_says_what_the_hints_do() -> None:
     r = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["explain", "--help"])
     assert r.exit_code == 0
     out = flat(r.output)
-    assert "nearest timed workload bucket" in out and "the answer is unchanged" in out
+    assert "timings at that shape" in out and "the answer is unchanged" in out
     for opt in ("--num-heads", "--num-kv-heads", "--num-tokens", "--batch-size", "--seq-len", "--context-len"):
         assert f"{opt} INTEGER Workload hint:" in out, opt
 

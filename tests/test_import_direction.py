@@ -25,18 +25,19 @@ PACKAGE_DIRS = {"attnmatrix": ROOT / "attnmatrix", "attnmatrix.matrix": ROOT / "
 # which holds the decisions between them (attnmatrix/workflow.py).
 ALLOWED: dict[str, set[str]] = {
     "vocabulary": set(),
-    "selector_engine": {"vocabulary"},
+    "selector_workloads": set(),
+    "selector_engine": {"vocabulary", "selector_workloads"},
     "selector_vllm": {"vocabulary", "selector_engine"},
     "selector": {"selector_engine", "selector_vllm", "vocabulary"},
-    "matrix": {"vocabulary", "selector_engine"},
+    "matrix": {"vocabulary", "selector_engine", "selector_workloads"},
     "kernels": {"vocabulary", "selector_engine", "matrix"},
     "generator": {"vocabulary", "selector_engine", "selector_vllm", "matrix", "engines"},
     "engines": {"vocabulary", "selector_engine", "selector_vllm", "selector", "matrix", "generator"},
     "project": {"vocabulary", "matrix"},
     "workflow": {"vocabulary", "matrix", "kernels", "project"},
     "ci_format": set(),
-    "cli": {"vocabulary", "selector_engine", "selector_vllm", "selector", "matrix", "generator", "engines", "project",
-            "workflow", "ci_format"},
+    "cli": {"vocabulary", "selector_engine", "selector_vllm", "selector_workloads", "selector", "matrix", "generator",
+            "engines", "project", "workflow", "ci_format"},
 }
 
 

@@ -26,8 +26,13 @@ def test_every_point_has_a_bucket_and_held_out_points_are_not_buckets():
         for p in W.HELD_OUT[op]:
             assert p not in points
             assert W.bucket_of(op, *p) in points
-    assert W.bucket_of("decode", 100, 900) == (128, 1024)
-    assert W.bucket_of("prefill", 2, 6000) == (1, 8192)
+    assert W.bucket_of("decode", 200, 600) == (256, 512)
+    assert W.bucket_of("prefill", 3, 5000) == (4, 4096)
+    # every held-out point is within a factor of 2 (and a little) of its bucket on both axes
+    for op, points in W.HELD_OUT.items():
+        for b, n in points:
+            bb, bn = W.bucket_of(op, b, n)
+            assert max(b / bb, bb / b) <= 2.5 and max(n / bn, bn / n) <= 2.5, (op, b, n)
     with pytest.raises(ValueError, match="no workload buckets"):
         W.bucket_of("encode", 1, 1)
 
@@ -62,29 +67,40 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
         "tiny": model(2, {"type": "global"}), "tiny-capped": model(4, {"type": "capped", "softcap": 30.0})}}))
     out = tmp_path / "run.jsonl"
     assert R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(out), "--presets", str(presets),
-                   "--budget-ms", "1"]) == 0
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+                   "--rounds", "4"]) == 0
+    raw = [json.loads(line) for line in out.read_text().splitlines()]
+    # a timed row does not repeat what its check row says; reading the file gives every row its fields back
+    assert all("case" not in r for r in raw if r["set"] in ("bucket", "held_out"))
+    rows = W.load_rows([out])
+    assert all(r["case"].startswith("cpu/sdpa_cpu/") for r in rows if r["set"] in ("bucket", "held_out"))
     checks = {(r["layer"], r["op"]): r["outcome"] for r in rows if r["set"] == "check"}
     assert checks[("tiny:global", "prefill")] == "pass"
     assert checks[("tiny-capped:capped", "decode")] == "rejected"  # SDPA has no softcap parameter
-    timed = [r for r in rows if r["set"] != "check"]
-    assert {r["rep"] for r in timed if r["set"] == "bucket"} == {0, 1}
-    assert all(r["outcome"] == "pass" and r["ms"] > 0 for r in timed)
+    timed = [r for r in rows if r["set"] in ("bucket", "held_out")]
+    assert len(timed) == 2 * (2 + 1)  # the global layer's two ops, two buckets and one held-out point each
+    assert all(r["outcome"] == "pass" and r["ms"] > 0 and len(r["rounds"]) == 4 for r in timed)
+    assert sum(r["set"] == "done" for r in rows) == 4  # every workload finished, the refused ones too
+    # a second run over the same file resumes: nothing is timed again
+    assert R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(out), "--presets", str(presets)]) == 0
+    assert len(out.read_text().splitlines()) == len(raw)
     result = R.analyse(rows)
-    assert result["noise"]["pairs"] == 4 and result["noise"]["p90"] >= 1.0
+    assert result["noise"]["points"] == 6 and result["noise"]["p90"] >= 1.0
     assert result["regret"]["queries"] == 2 and result["regret"]["max"] == 1.0  # one backend: its own best
     assert result["rankings"]["tiny:global prefill b2_s128"]["order"][0][0] == "sdpa_cpu"
     noise, orders = W.bucket_orders(rows)
-    assert noise["pairs"] == 4 and len(orders) == 4  # the capped layer's check was refused: not ranked
+    assert noise["points"] == 6 and len(orders) == 4  # the capped layer's check was refused: not ranked
 
 
 def _engine_with_workloads():
     from attnmatrix import selector
 
     data = dict(selector.DATA)
+    data["workload_band"] = 1.02
     data["workloads"] = {"sm_90": {("decode", "bfloat16", 128, 128, ("causal", "gqa")): (
         (32, 8, 8, 1024, 1, (("fa2", 0.01), ("vllm_fa3", 0.02))),
-        (32, 8, 128, 8192, 2, (("vllm_fa3", 0.50), ("fa4", 0.51), ("fa2", 0.90))),
+        (32, 8, 8, 8192, 1, (("vllm_fa3", 0.04), ("fa2", 0.08))),
+        (32, 8, 128, 1024, 1, (("fa2", 0.10), ("vllm_fa3", 0.12))),
+        (32, 8, 128, 8192, 2, (("vllm_fa3", 0.50), ("fa4", 0.505), ("fa2", 0.90))),
         (8, 1, 8, 1024, 1, (("fa4", 0.01), ("fa2", 0.03))),
     )}}
     from attnmatrix.selector_engine import Engine
@@ -92,32 +108,84 @@ def _engine_with_workloads():
     return Engine(data)
 
 
-def test_workload_hints_rank_by_the_nearest_timed_bucket_and_leave_the_plain_answer_alone():
+def test_workload_hints_rank_by_the_timings_at_the_hinted_shape_and_leave_the_plain_answer_alone():
     eng = _engine_with_workloads()
     plain = eng.select_backends((9, 0), 128, op="decode", causal=False, gqa=True)
     assert eng.select_backends((9, 0), 128, op="decode", causal=False, gqa=True, num_heads=None) == plain
-    small = eng.select_backends((9, 0), 128, op="decode", causal=False, gqa=True, num_heads=32, num_kv_heads=8,
-                                batch_size=4, context_len=2000)
+
+    def hinted(**hints):
+        return eng.select_backends((9, 0), 128, op="decode", causal=False, gqa=True, **hints)
+
+    # at a timed point, that point's order
+    small = hinted(num_heads=32, num_kv_heads=8, batch_size=8, context_len=1024)
     assert small[:2] == ["fa2", "vllm_fa3"] and sorted(small) == sorted(plain)
-    # a tie within the noise keeps the order without hints between the tied backends
-    big = eng.select_backends((9, 0), 128, op="decode", causal=False, gqa=True, num_heads=32, num_kv_heads=8,
-                              num_tokens=100, context_len=10000)
+    # a tie within the noise band keeps the order without hints between the tied backends
+    big = hinted(num_heads=32, num_kv_heads=8, num_tokens=128, context_len=8192)
     tied = [b for b in plain if b in ("vllm_fa3", "fa4")]
     assert big[:2] == tied and big[2] == "fa2"
-    # head counts pick the layer: 8 query heads over 1 KV head is the second timed layer
-    tp8 = eng.select_backends((9, 0), 128, op="decode", causal=False, gqa=True, num_heads=8, num_kv_heads=1,
-                              batch_size=8, context_len=1024)
+    # between timed points, each backend's time is interpolated from the points around: near (8, 8192) the long
+    # context wins for vllm_fa3 although (8, 1024), the nearest point on the batch axis, says fa2
+    between = hinted(num_heads=32, num_kv_heads=8, batch_size=10, context_len=6000)
+    assert between[:2] == ["vllm_fa3", "fa2"]
+    # fa4 was timed at one of the four points only: it is not interpolated (it keeps its place after the timed ones)
+    placed = eng.workload_order("sm_90", "decode", "bfloat16", 128, 128, ("causal", "gqa"),
+                                {"num_heads": 32, "num_kv_heads": 8, "batch_size": 10, "context_len": 6000})
+    assert [b for b, _ in placed.order] == ["vllm_fa3", "fa2"] and not placed.exact and len(placed.points) == 4
+    # head counts pick the layer: 8 query heads over 1 KV head is the other timed layer
+    tp8 = hinted(num_heads=8, num_kv_heads=1, batch_size=8, context_len=1024)
     assert tp8[:2] == ["fa4", "fa2"]
     with pytest.raises(ValueError, match="batch_size"):
         eng.select_backends((9, 0), 128, op="decode", gqa=True, batch_size=0, context_len=10)
 
 
-def test_explain_says_composed_and_which_bucket_placed_a_backend():
+def test_a_placement_between_points_interpolates_in_log_space():
+    from attnmatrix.selector_workloads import place
+
+    rows = ((4, 4, 1, 100, 1, (("a", 1.0), ("b", 2.0))), (4, 4, 1, 10000, 1, (("b", 4.0), ("a", 16.0))))
+    p = place(rows, "prefill", {"batch_size": 1, "seq_len": 1000}, band=1.0)
+    assert not p.exact and p.points == ((1, 100), (1, 10000))
+    # halfway in log space: the geometric means, a 4.0 and b sqrt(8)
+    assert dict(p.order) == {"a": 4.0, "b": pytest.approx(2.82843, abs=1e-5)} and p.order[0][0] == "b"
+    assert "interpolated from the timed points (batch x length) 1x100, 1x10000" in p.basis()
+    assert place(rows, "prefill", {"batch_size": 1, "seq_len": 100}).exact
+    assert place(rows, "prefill", {"num_heads": 4}) is None  # no shape hinted
+
+
+def test_explain_says_composed_and_which_timings_placed_a_backend():
     eng = _engine_with_workloads()
     why = eng.explain((9, 0), 128, op="decode", causal=False, gqa=True, num_heads=32, num_kv_heads=8, batch_size=8,
                       context_len=1024)
-    bucket = "placed by the workload hints' bucket instead (heads 32/8, batch 8, length 1024): 0.01 ms, tied"
-    assert bucket in why["fa2"]
+    placed = "placed by the workload hints' timings instead (heads 32/8, batch 8, length 1024): 0.01 ms, tied"
+    assert placed in why["fa2"]
     plain = eng.explain((9, 0), 128, op="decode", causal=True, gqa=True, sinks=True)
     assert any("composed from" in v for v in plain.values() if v.startswith("supported"))
     assert not any("workload" in v for v in plain.values())
+
+
+def test_interleaved_timing_takes_turns_and_tells_a_slower_kernel_apart():
+    import time
+
+    from attnmatrix.kernels.timing import WALL, measure_interleaved
+
+    calls = []
+
+    def kernel(name: str, ms: float):
+        def fn():
+            calls.append(name)
+            time.sleep(ms / 1e3)
+        return fn
+
+    got = measure_interleaved({"fast": kernel("fast", 1.0), "slow": kernel("slow", 4.0)}, device="cpu", rounds=4)
+    assert got["fast"].method == WALL and len(got["fast"].rounds_ms) == 4
+    assert got["slow"].ms > 2 * got["fast"].ms
+    # after one warm-up call each, the rounds alternate which backend goes first
+    assert calls[2:] == ["fast", "slow", "slow", "fast", "fast", "slow", "slow", "fast"]
+    a, b = got["slow"].halves()
+    assert 0.5 < a / b < 2
+
+
+def test_point_noise_is_the_spread_of_the_even_and_odd_rounds():
+    assert W.point_noise({"rounds": [1.0, 1.1, 1.0, 1.1]}) == pytest.approx(1.1)
+    assert W.point_noise({"rounds": [1.0]}) is None
+    rows = [{"set": "bucket", "outcome": "pass", "rounds": [1.0, 1.0 + i / 100, 1.0, 1.0 + i / 100]} for i in range(10)]
+    assert W.noise(rows) == {"points": 10, "median": 1.05, "p90": 1.09, "max": 1.09}

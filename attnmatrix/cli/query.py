@@ -160,9 +160,10 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
     type of a real model (its heads, head dims, window, softcap, sinks, MLA dims).
 
     Workload hints (--num-heads, --num-kv-heads, --num-tokens or --batch-size, --seq-len or --context-len) order
-    the supported backends by the nearest timed workload bucket of the queried cell, and each backend says its
-    time there; without them, or where no workload was timed for the cell, the answer is unchanged. With
-    --model, the batch and length hints apply to every layer type, each with its own head counts.
+    the supported backends by their timings at that shape (a timed bucket's or interpolated from those around
+    it), and each backend says its time there; without them, or where no workload was timed for the cell, the
+    answer is unchanged. With --model, the batch and length hints apply to every layer type, each with its own
+    head counts.
 
     \b
     Examples:

@@ -1,8 +1,9 @@
 """Workload hints on `attnmatrix explain`: the options, their checks, and what the engine says about each backend.
 
-The hints are the selector's (`selector_engine.WORKLOAD_HINTS`: the layer's head counts and the batch's shape).
-With them the query engine orders the supported backends by the timed workload bucket nearest to the hints
-(`Engine.workload_order`, `Engine.query`); without them, or where no workload was timed for the queried cell,
+The hints are the selector's (`selector_workloads.WORKLOAD_HINTS`: the layer's head counts and the batch's shape).
+With them the query engine orders the supported backends by the timings of the nearest timed layer at that
+shape: a timed bucket's own, or interpolated from the buckets around it (`Engine.workload_order`,
+`selector_workloads.place`, `Engine.query`); without them, or where no workload was timed for the queried cell,
 the order is the matrix's. Nothing here chooses a bucket: the fast path (the selector's data) and `--full` (the
 resolved matrix) hand the hints to the same engine and print its words (`Engine.explain_query`).
 """
@@ -13,7 +14,8 @@ from collections.abc import Callable
 
 import click
 
-from attnmatrix.selector_engine import WORKLOAD_HINTS, Engine
+from attnmatrix.selector_engine import Engine
+from attnmatrix.selector_workloads import WORKLOAD_HINTS
 
 from .common import UsageError, count_callback, refuse_conflicts
 
@@ -107,8 +109,8 @@ def hints_line(hints: dict[str, int], placed: bool) -> str:
         return "no workload hint given applies to this op: the order is the one without hints"
     given = ", ".join(f"{flag(h)} {v}" for h, v in hints.items())
     if placed:
-        return (f"workload hints {given}: the supported backends are ordered by the timed workload bucket nearest "
-                "to them; each says its time there")
+        return (f"workload hints {given}: the supported backends are ordered by their timings at that shape (a timed "
+                "bucket's, or interpolated from the buckets around it); each says its time there")
     return (f"workload hints {given}: no workload bucket applies (none was timed for this cell, or the hints give "
             "neither a batch nor a length): the order is the one without hints")
 

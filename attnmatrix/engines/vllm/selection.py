@@ -3,10 +3,11 @@
 # DO NOT EDIT BY HAND; run `attnmatrix generate`.
 """vLLM's attention selection answered from the attnmatrix matrix, with vLLM's own names and parameters.
 
-Vendorable: copy this file with `selector.py`, `selector_engine.py`, `selector_vllm.py` and `vocabulary.py`
-(standard library only). Every answer comes from the one query engine (`selector_vllm.VllmEngine` over the
-selector's DATA, narrowed by `selector_vllm.EngineProfile` with PROFILE below: declared facts, each cited,
-about how vLLM 0.33.0 calls the kernels where the matrix has no axis). `attnmatrix vllm-patch
+Vendorable: copy this file with `selector.py`, `selector_engine.py`, `selector_vllm.py`,
+`selector_workloads.py` and `vocabulary.py` (standard library only). Every answer comes from the one query
+engine (`selector_vllm.VllmEngine` over the selector's DATA, narrowed by `selector_vllm.EngineProfile` with
+PROFILE below: declared facts, each cited, about how vLLM 0.33.0 calls the kernels where the
+matrix has no axis). `attnmatrix vllm-patch
 --source VLLM_CHECKOUT` writes the change that makes vLLM call these functions in place of its hand-written
 rules.
 

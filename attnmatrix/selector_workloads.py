@@ -1,0 +1,108 @@
+"""Workload hints: a cell's supported backends in the order its timings near the hinted shape give.
+
+benchmarks/regret.py times the backends of a cell on real models' layers (their head counts, matrix/data/
+models.json) at a grid of (batch, length) points, the workload buckets (matrix/workloads.py BUCKETS); the
+generator ships the timings as the selector's DATA['workloads']: per cell, rows (heads_q, heads_kv, batch,
+length, ties, ((backend, ms), ...) fastest first), and DATA['workload_band'], the measurement noise within which
+two backends tie.
+
+A hinted query takes the timed layer nearest to its head counts, then places the backends at its (batch,
+length): at a timed point, by that point's timings; between points, by each backend's time interpolated from
+the nearest timed points (a weighted geometric mean, weights 1 / squared distance in log space), since a
+ranking read off one neighbouring point misses where the order changes between points.
+
+Standard library only: part of the vendored selector (selector.py, selector_engine.py, selector_vllm.py,
+selector_workloads.py, vocabulary.py).
+"""
+
+from __future__ import annotations
+
+from math import exp, log
+
+# Optional workload hints of select_backends: the layer's head counts and the batch's shape. Prefill's point is
+# (batch_size, seq_len), decode's (batch_size, context_len); num_tokens stands for the batch where it is not
+# given (prefill: num_tokens // seq_len sequences; decode: one token per sequence).
+WORKLOAD_HINTS = ("num_heads", "num_kv_heads", "num_tokens", "batch_size", "seq_len", "context_len")
+# Timed points an interpolated placement draws on: the corners of the grid cell around a point inside the grid.
+NEIGHBOURS = 4
+
+
+def nearest_point(points, batch=None, length=None):
+    """The (batch, length) point nearest to the given axes in log space (an axis not given is ignored; ties:
+    the smaller point). The one bucket rule: matrix/workloads.py's bucket_of uses it too."""
+
+    def dist(p):
+        return ((log(batch / p[0]) ** 2 if batch else 0.0) + (log(length / p[1]) ** 2 if length else 0.0), p)
+
+    return min(points, key=dist) if points else None
+
+
+def hinted_point(op, hints):
+    """(batch, length) of the hints for `op` (either may be None), or None when neither is given."""
+    length = hints.get("context_len" if op == "decode" else "seq_len")
+    batch = hints.get("batch_size")
+    if batch is None and hints.get("num_tokens"):
+        batch = hints["num_tokens"] if op == "decode" else max(1, hints["num_tokens"] // (length or 1))
+    return None if batch is None and length is None else (batch, length)
+
+
+def nearest_layer(rows, hints):
+    """The rows of the timed layer nearest to the hinted head counts (query heads, then the GQA ratio, in log
+    space; exact when timed; the smallest layer without head hints)."""
+    hq = hints.get("num_heads")
+    if hq is not None:
+        hkv = hints.get("num_kv_heads") or hq
+
+        def far(r):
+            return abs(log(r[0] / hq)) + abs(log((r[0] / r[1]) / (hq / hkv)))
+
+        best = min(far(r) for r in rows)
+        rows = [r for r in rows if far(r) == best]
+    heads = min((r[0], r[1]) for r in rows)
+    return [r for r in rows if (r[0], r[1]) == heads]
+
+
+class Placement:
+    """Where a hinted query's backends stand: `order` ((backend, ms), ...) fastest first, ms measured at a timed
+    point (`exact`) or interpolated from `points`; the first `ties` are within the noise band of the fastest."""
+
+    __slots__ = ("heads", "batch", "length", "points", "exact", "order", "ties")
+
+    def __init__(self, heads, batch, length, points, exact, order, ties):
+        self.heads, self.batch, self.length = heads, batch, length
+        self.points, self.exact, self.order, self.ties = points, exact, order, ties
+
+    def basis(self) -> str:
+        if self.exact:
+            return f"heads {self.heads[0]}/{self.heads[1]}, batch {self.batch}, length {self.length}"
+        near = ", ".join(f"{b}x{n}" for b, n in self.points)
+        return (f"heads {self.heads[0]}/{self.heads[1]}, batch {self.batch}, length {self.length}, "
+                f"interpolated from the timed points (batch x length) {near}")
+
+
+def place(rows, op, hints, band=1.0):
+    """The Placement of a hinted query among a cell's timed rows, or None without a usable hint."""
+    point = hinted_point(op, hints)
+    if not rows or point is None:
+        return None
+    rows = nearest_layer(rows, hints)
+    heads = (rows[0][0], rows[0][1])
+    by_point = {(r[2], r[3]): r for r in rows}
+    batch, length = point
+    if batch is None or length is None or point in by_point:  # one axis, or a timed point: that point's order
+        near = nearest_point(sorted(by_point), batch, length)
+        r = by_point[near]
+        return Placement(heads, near[0], near[1], (near,), True, r[5], r[4])
+
+    def dist(p):
+        return (log(batch / p[0]) ** 2 + log(length / p[1]) ** 2, p)
+
+    near = sorted(by_point, key=dist)[:NEIGHBOURS]
+    weights = {p: 1.0 / dist(p)[0] for p in near}
+    timed = [dict(by_point[p][5]) for p in near]
+    common = set(timed[0]).intersection(*timed[1:])  # a backend missing at a neighbour is not interpolated
+    total = sum(weights.values())
+    est = {b: exp(sum(weights[p] * log(t[b]) for p, t in zip(near, timed, strict=True)) / total) for b in common}
+    order = tuple(sorted(((b, round(ms, 5)) for b, ms in est.items()), key=lambda x: (x[1], x[0])))
+    ties = sum(1 for _, ms in order if ms / order[0][1] <= band) if order else 0
+    return Placement(heads, batch, length, tuple(sorted(near)), False, order, ties)
