@@ -55,7 +55,7 @@ def test_merge_append_keeps_every_record_of_the_file_it_extends(tmp_path):
 # What each command writes. A command added without an entry here fails the completeness test below.
 WRITES_RESULT_FILES = {"merge", "probe", "run", "xcompile", "ingest-cubins", "vllm-answers"}
 WRITES_GENERATED_FILES_ONLY = {"generate", "snapshot"}  # fixed paths of the checkout, no file of the user's
-READS_ONLY = {"check", "diff", "explain", "show", "validate"}  # check --reprobe writes a temporary file only
+READS_ONLY = {"check", "diff", "explain", "show", "stats", "validate"}  # check --reprobe writes a temporary file only
 # A file of the user's that is not a result file; refusing to replace a foreign one is tests/test_vllm_patch.py's.
 WRITES_OTHER_FILES = {"vllm-patch"}
 OUTPUT_PARAMS = {"out", "output", "results_dir"}
