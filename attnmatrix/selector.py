@@ -50,9 +50,9 @@ reason]) (the evidence id names the declared fact or the probe run; `attnmatrix 
 show` give the full reasons and sources), and per arch the measured latency ranking of each probed query class.
 The query engine that answers from it is `attnmatrix.selector_engine`, vLLM's questions are asked of it by
 `attnmatrix.selector_vllm`, workload hints are placed by `attnmatrix.selector_workloads`, the names they speak
-are `attnmatrix.vocabulary` (copy the five files to vendor the selector); the engine's docstring states the policy: how a feature combination is composed from probed cells,
-and how supported backends are ordered (measured latency, like for like; then declared rankings; then default
-rank).
+are `attnmatrix.vocabulary` (copy the five files to vendor the selector); the engine's docstring states the
+policy: how a feature combination is composed from probed cells, and how supported backends are ordered
+(measured latency, like for like; then declared rankings; then default rank).
 
 - select_backends(capability, head_size, head_size_v=None, *, op="prefill", dtype="bfloat16", causal=True,
   sliding_window=False, softcap=False, alibi=False, sinks=False, gqa=False, varlen=False, page_size=None,
