@@ -131,6 +131,35 @@ def test_host_overhead_is_kept_out_of_gpu_time(capture):
 
 
 @pytest.mark.gpu
+def test_kernels_timed_in_turns_agree_with_do_bench_and_with_each_other():
+    """Two matmuls, one 8x the work of the other, timed in turns: each agrees with triton's do_bench, the ratio
+    is the work's, and the two halves of the rounds agree within a few percent."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    got = timing.measure_interleaved({"small": lambda: a @ a, "big": lambda: b @ b}, device="cuda", rounds=6)
+    assert {m.method for m in got.values()} == {GRAPH} and all(len(m.rounds_ms) == 6 for m in got.values())
+    assert 0.85 <= got["small"].ms / _do_bench(lambda: a @ a) <= 1.15
+    assert 0.85 <= got["big"].ms / _do_bench(lambda: b @ b) <= 1.15
+    assert 6 <= got["big"].ms / got["small"].ms <= 10
+    for m in got.values():
+        x, y = m.halves()
+        assert max(x, y) / min(x, y) < 1.05
+
+
+@pytest.mark.gpu
+def test_copies_of_small_inputs_keep_each_call_out_of_l2():
+    """A read of 16 MiB (inside the L2) timed back to back on one buffer reads from L2; on enough copies taken in
+    turn each read comes from memory, and is slower."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    size = 16 * 2**20
+    assert l2 > size and timing.l2_copies(size) == min(16, -(-2 * l2 // size)) > 1
+    bufs = [torch.randn(size // 2, device="cuda", dtype=torch.bfloat16) for _ in range(timing.l2_copies(size))]
+    fns = [(lambda t=t: t.sum()) for t in bufs]
+    got = timing.measure_interleaved({"one": fns[0], "copies": fns}, device="cuda", rounds=6)
+    assert got["copies"].ms > 1.2 * got["one"].ms, got
+
+
+@pytest.mark.gpu
 def test_a_call_that_synchronises_is_timed_by_launches_and_says_why():
     x = torch.zeros(1024, device="cuda")
     m = measure(lambda: float(x.add_(1).sum()), device="cuda", budget_ms=10)
