@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from attnmatrix.matrix.policy import ResolvedCell
 
-from attnmatrix.vocabulary import DTYPES, FEATURES, OPS
+from attnmatrix.vocabulary import DTYPES, FEATURES, OPS, TIERS
 
 from . import tables as T
 
@@ -46,7 +46,7 @@ def tier_mark(tier: str | None) -> str:
 
 
 def tier_order(tier: str | None) -> tuple:
-    return (T.TIERS.index(tier), "") if tier in T.TIERS else (len(T.TIERS), tier or "")
+    return (TIERS.index(tier), "") if tier in TIERS else (len(TIERS), tier or "")
 
 
 def strongest(tiers: Iterable[str | None]) -> str | None:

@@ -17,17 +17,19 @@ from attnmatrix.matrix.cases import MLA_TRIPLES, qk_rope
 from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix
 
 from attnmatrix.selector_engine import Engine
-from attnmatrix.vocabulary import TIERS, features_of
+from attnmatrix.vocabulary import TIERS, UNKNOWN, UNSUPPORTED, features_of
 
 from .capabilities import FA_COMMON_HEAD_SIZES, engine_for, is_test_only, selector_archs
 
 # Marks are plain ASCII letters, so they render in any font (emoji marks show as empty boxes in a browser
 # without an emoji font); site/javascripts/marks.js turns them into coloured badges with a title.
-TIER_MARK = {"validated": "V", "compiled": "C", "shipped": "S", "declared": "D"}
+# A tier's mark is its initial (validated -> V); the tiers are the vocabulary's.
+TIER_MARK = {t: t[0].upper() for t in TIERS}
 UNSUPPORTED_MARK = "X"
 UNKNOWN_MARK = "?"
-MARK_MEANING = {"V": "validated", "C": "compiled", "S": "shipped", "D": "declared", "X": "unsupported",
-                "?": "unknown"}
+MARK_MEANING = {**{m: t for t, m in TIER_MARK.items()}, UNSUPPORTED_MARK: UNSUPPORTED, UNKNOWN_MARK: UNKNOWN}
+if len(MARK_MEANING) != len(TIERS) + 2:
+    raise AssertionError(f"tier marks must differ from each other and from X and ?: {TIER_MARK}")
 # Without model presets, labels for well-known MLA (qk_nope, qk_rope, v) triples on the docs pages.
 MLA_MODELS = {(128, 64, 128): "DeepSeek-V3/R1", (192, 64, 256): "GLM-5"}
 
@@ -46,15 +48,6 @@ def feature_string(features: Iterable[str]) -> str:
 def backend_order_key(m: ResolvedMatrix, backend: str, arch: str | None = None) -> tuple:
     """Presentation order of backends: by default rank on `arch` (None: the "*" rank, for arch-free lists)."""
     return (default_rank(m.backends, backend, arch), backend)
-
-
-def tier_mark(tier: str | None) -> str:
-    return TIER_MARK.get(tier or "", UNKNOWN_MARK)
-
-
-def strongest(tiers: Iterable[str | None]) -> str | None:
-    ts = [t for t in tiers if t in TIERS]
-    return min(ts, key=TIERS.index) if ts else None
 
 
 # --- queries: every answer comes from the query engine (attnmatrix.selector_engine) ----------------

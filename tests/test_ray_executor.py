@@ -131,6 +131,26 @@ def test_ray_options_need_the_ray_executor(tmp_path: Path) -> None:
     assert "--executor [local|ray]" in help_text and "--address" in help_text and "ray start --head" in help_text
 
 
+def test_gpu_backends_only_checks_the_options_with_the_cpu_backends_of_backends_json(monkeypatch,
+                                                                                       tmp_path: Path) -> None:
+    # Before Ray starts, the options are checked on a CPU space; with only GPU backends named, the CPU backends
+    # it is built with are backends.json's (a second CPU backend shows that they are not a fixed list).
+    from attnmatrix import workflow
+    from attnmatrix.cli import fleet
+
+    built = []
+
+    def stop(arch, backends, *rest):
+        built.append((arch, list(backends)))
+        raise fleet.UsageError("stop before Ray")
+
+    monkeypatch.setattr(fleet, "build_space", stop)
+    monkeypatch.setattr(workflow, "backends_for", lambda dev: ["sdpa_cpu", "cpu_only_extra"] if dev == "cpu" else [])
+    r = CliRunner().invoke(main, ["probe", "--executor", "ray", "--backends", "fa4", "-o", str(tmp_path / "x.jsonl")])
+    assert r.exit_code == 2 and "stop before Ray" in r.output, r.output
+    assert built == [("cpu", ["sdpa_cpu", "cpu_only_extra"])]
+
+
 # --- a local Ray that the CLI starts ---------------------------------------------------------------------
 
 

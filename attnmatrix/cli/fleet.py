@@ -30,8 +30,9 @@ def probe_fleet(*, names, head_dims, features_spec, ops, dtypes, out: Path | Non
     def backends_of(dev: str) -> list[str]:
         return workflow.plan_backends(names or workflow.backends_for(dev), dev, check_installed=False).ready
 
-    # Usage errors before Ray starts (seconds): the space is built again per arch once the lanes are known.
-    build_space("cpu", backends_of("cpu") or ["sdpa_cpu"], head_dims, features_spec, ops, dtypes)
+    # Usage errors before Ray starts (seconds): the space is built again per arch once the lanes are known. With
+    # only GPU backends named, the product's CPU backends (backends.json) stand in to check the other options.
+    build_space("cpu", backends_of("cpu") or workflow.backends_for("cpu"), head_dims, features_spec, ops, dtypes)
     if out is not None:
         check_out(out)
     cpus_per_task = workers or 1
