@@ -127,6 +127,9 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
     # into compile and run (`attnmatrix stats --section time`).
     seconds: dict[str, float] = {}
     started = time.perf_counter()
+    # A call that is refused or fails was still asked with the problem's mask: the record says which, as a
+    # record of a call that ran does (an MLA prefill case's mask is the case's, matrix/audit.py check_mla_mask).
+    asked = {"mask": problem.mask}
     try:
         fn = backend.prepare(problem)
         _poison_allocator(device)
@@ -134,17 +137,18 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
         if device == "cuda":
             torch.cuda.synchronize()
     except Unsupported as e:
-        return rec("rejected", reason=f"attnmatrix: the API cannot express this case: {e}", entry=entry)
+        return rec("rejected", reason=f"attnmatrix: the API cannot express this case: {e}", entry=entry, extra=asked)
     except Exception as e:  # noqa: BLE001 - every failure is an outcome
         if device_fault(e):
             # The worker exits after reporting this (see worker.py), so the next case gets a clean context.
-            return rec("crash", reason="kernel fault: " + _message(e), entry=entry, extra={"device_fault": True})
+            return rec("crash", reason="kernel fault: " + _message(e), entry=entry,
+                       extra={"device_fault": True, **asked})
         if _out_of_memory(e):
-            return rec("crash", reason="out of memory: " + _message(e), entry=entry)
+            return rec("crash", reason="out of memory: " + _message(e), entry=entry, extra=asked)
         if _raised_by_library(e):
-            return rec("rejected", reason=_message(e), entry=entry)
+            return rec("rejected", reason=_message(e), entry=entry, extra=asked)
         return rec("crash", reason="attnmatrix adapter error: " + _message(e),
-                   extra={"traceback": traceback.format_exc()[-4000:]}, entry=entry)
+                   extra={"traceback": traceback.format_exc()[-4000:], **asked}, entry=entry)
     seconds["first_call"] = round(time.perf_counter() - started, 3)
     started = time.perf_counter()
     ref = reference_attention(problem)

@@ -137,3 +137,17 @@ def test_fakes_that_ignore_one_feature_are_recorded_wrong(tmp_path: Path) -> Non
     for k, want in expected.items():
         if want == "wrong":
             assert "over tolerance" in got[k].reason and got[k].extra["problem"] == RECIPE.version
+
+
+def test_a_refused_call_says_which_mask_it_was_asked_with():
+    """A library's refusal of a non-causal MLA prefill call is a fact about that call: the record names its mask,
+    as a record of a call that ran does (matrix/audit.py check_mla_mask)."""
+    from attnmatrix.kernels.fakes import RAISE
+    from attnmatrix.kernels.probe import ProbeConfig, probe_case
+    from attnmatrix.matrix.cases import Case
+
+    for feats, mask in (((), "none"), (("causal",), "causal")):
+        case = Case(arch="cpu", backend="fake_raise", op="mla_prefill", dtype="bfloat16", head_dim=192,
+                    head_dim_v=128, features=(*feats, "qk_rope:64"))
+        rec = probe_case(case, ProbeConfig(timing=False), backend=RAISE)
+        assert rec.outcome == "rejected" and rec.extra["mask"] == mask
