@@ -55,9 +55,11 @@ def current_selector(proj: project_mod.Project) -> tuple[ModuleType | None, str]
 
 def explain_from_selector(sel: ModuleType, arch: str, op: str, dtype: str, head_dim: int, head_dim_v: int,
                           feats: tuple[str, ...], as_json: bool, verbose: bool = False,
-                          hints: dict[str, int] | None = None) -> bool:
+                          hints: dict[str, int] | None = None, engine: str | None = None) -> bool:
     """Print the answer from the selector's engine; False (nothing printed) where its data does not cover `arch`.
-    `hints`: the engine's workload hints (cli/workload_hints.py)."""
+    `hints`: the engine's workload hints (cli/workload_hints.py); `engine`: answer also in that inference
+    engine's names (cli/engine_names.py)."""
+    from .engine_names import add_names
     from .workload_hints import add_hints, bucket_notes
 
     eng = sel._ENGINE
@@ -82,6 +84,7 @@ def explain_from_selector(sel: ModuleType, arch: str, op: str, dtype: str, head_
     if ranking is not None:
         result["declared_ranking"] = {"id": ranking[0], "order": list(ranking[5]), "sources": list(ranking[6])}
     add_hints(result, hints, notes)
+    add_names(result, eng, engine, op)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False))
         return True
@@ -101,7 +104,7 @@ def explain_from_selector(sel: ModuleType, arch: str, op: str, dtype: str, head_
     views = {a.backend: view(a) for a in answers}
     declared = None if ranking is None else SimpleNamespace(id=ranking[0], order=ranking[5], sources=ranking[6])
     _echo_explain(arch, op, dtype, head_dim, head_dim_v, feats, [views[a.backend] for a in ordered],
-                  list(views.values()), declared, verbose, hints, notes)
+                  list(views.values()), declared, verbose, hints, notes, result.get("names"))
     click.echo(f"(from the generated selector's data, matrix {sel.MATRIX_ID}; `--full` for every cell's raw "
                "reasons, sources and conflicts)", err=True)
     return True

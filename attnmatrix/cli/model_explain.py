@@ -19,6 +19,7 @@ from attnmatrix.matrix.policy import ResolvedMatrix
 from attnmatrix.vocabulary import SUPPORTED
 
 from .common import UsageError
+from .engine_names import add_names, order_line
 from .workload_hints import add_hints, bucket_notes, hints_for_op, hints_line
 
 
@@ -45,9 +46,10 @@ def _answer_json(a) -> dict:
 
 
 def model_answers(m: ResolvedMatrix, model: Model, tp: int, arch: str, dtype: str, op: str | None,
-                  hints: dict[str, int] | None = None) -> dict:
+                  hints: dict[str, int] | None = None, engine: str | None = None) -> dict:
     """Per layer type and op: the query, the engine's order and every backend's answer with its reasons.
-    `hints`: batch and length workload hints; each layer adds its own head counts per GPU to them."""
+    `hints`: batch and length workload hints; each layer adds its own head counts per GPU to them. `engine`:
+    each answer also in that inference engine's names (cli/engine_names.py)."""
     from attnmatrix.generator import tables as T
     from attnmatrix.generator.capabilities import engine_for
 
@@ -69,6 +71,7 @@ def model_answers(m: ResolvedMatrix, model: Model, tp: int, arch: str, dtype: st
                       "backends": {a.backend: _answer_json(a) for a in answers}}
             add_hints(answer, layer_hints, bucket_notes(engine_for(m), arch, layer_op, dtype, q.head_dim,
                                                         q.head_dim_v, q.features, layer_hints))
+            add_names(answer, engine_for(m), engine, layer_op)
             if hints and not layer_hints:  # the hints given are another op's (a length of decode, here prefill)
                 answer["workload_hints"] = {"given": {}, "bucket_applies": False}
             queries.append(answer)
@@ -99,6 +102,8 @@ def echo_model_answers(result: dict, as_json: bool) -> None:
                 click.echo(f"    no evidence at all for {result['arch']}: nothing can be recommended")
                 continue
             click.echo("    order: " + (", ".join(q["order"]) or "(no supported backend)"))
+            if "names" in q:
+                click.echo("    " + order_line(q["names"]))
             if "workload_hints" in q:
                 hints = q["workload_hints"]
                 click.echo("    " + hints_line(hints["given"], hints["bucket_applies"]))

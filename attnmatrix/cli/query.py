@@ -34,6 +34,7 @@ from .common import (
     page_size_callback,
     refuse_conflicts,
 )
+from .engine_names import add_names, backend_label, names_option, order_line
 from .group import main
 from .workload_hints import (
     SHAPE_HINTS,
@@ -148,9 +149,10 @@ def show(arch, backend, op, dtype, head_dim, head_dim_v, features, status, tier,
 @click.option("--tp", type=int, default=None, help="With --model: the tensor-parallel split (heads per GPU); "
               "default the preset's typical one.")
 @hint_options()
+@names_option
 @click.option("--full", is_flag=True, help="Read and resolve the whole matrix: every cell's raw reasons, sources "
               "and conflicts (otherwise answered from the generated selector's data while it is current).")
-def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json, verbose, model, tp, full,
+def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json, verbose, model, tp, engine, full,
             **features) -> None:
     """For one query: the backends in order, and for every other backend every reason and its evidence.
 
@@ -163,7 +165,7 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
     the supported backends by their timings at that shape (a timed bucket's or interpolated from those around
     it), and each backend says its time there; without them, or where no workload was timed for the cell, the
     answer is unchanged. With --model, the batch and length hints apply to every layer type, each with its own
-    head counts.
+    head counts. With --names vllm the order is also given in vLLM's backend names, and each backend says its name.
 
     \b
     Examples:
@@ -176,6 +178,7 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
           --batch-size 64 --context-len 4096
       attnmatrix explain --arch sm_90 --model llama-3.1-8b --batch-size 64 --context-len 4096
       attnmatrix explain --arch sm_90 --head-size 128 --json
+      attnmatrix explain --arch sm_90 --head-size 128 --names vllm
     """
     if not arch and not capability:
         raise UsageError("give --arch or --capability")
@@ -186,7 +189,7 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
         raise UsageError(str(e)) from None
     hints = take_hints(features)
     if model is not None or tp is not None:
-        _explain_model(arch, model, tp, op, dtype, extra, as_json, hints)
+        _explain_model(arch, model, tp, op, dtype, extra, as_json, hints, engine)
         return
     if head_size is None:
         raise UsageError("give --head-size (or --model)")
@@ -202,7 +205,7 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
 
         sel, why = current_selector(proj)
         if sel is not None and explain_from_selector(sel, arch, op, dtype, head_size, hdv, feats, as_json,
-                                                       verbose, hints):
+                                                       verbose, hints, engine):
             return
         if why:
             click.echo(f"{why}: answering from the matrix", err=True)
@@ -214,7 +217,8 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
     q = T.Query(arch, op, dtype, head_size, hdv, feats)
     m = resolve(load_for_reading(proj, extra))
     ordered, answers = T.query(m, q, hints)
-    notes = bucket_notes(engine_for(m), arch, op, dtype, head_size, hdv, feats, hints)
+    eng = engine_for(m)
+    notes = bucket_notes(eng, arch, op, dtype, head_size, hdv, feats, hints)
     ranking = T.applicable_ranking(m, q)
     query = {"arch": arch, "op": op, "dtype": dtype, "head_size": head_size, "head_size_v": hdv,
              "features": list(feats)}
@@ -230,10 +234,12 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
         result["declared_ranking"] = {"id": ranking.id, "order": list(ranking.order), "sources": list(ranking.sources),
                                       "statement": ranking.statement}
     add_hints(result, hints, notes)
+    add_names(result, eng, engine, op)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False))
         return
-    _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, ranking, verbose, hints, notes)
+    _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, ranking, verbose, hints, notes,
+                  result.get("names"))
 
 
 
@@ -256,9 +262,11 @@ def without_machine_artefacts(text: str) -> str:
 
 
 def _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, ranking, verbose: bool,
-                  hints: dict[str, int] | None = None, notes: dict[str, str] | None = None) -> None:
+                  hints: dict[str, int] | None = None, notes: dict[str, str] | None = None,
+                  names: dict | None = None) -> None:
     """The answer for a terminal: supported backends in their order, numbered, then the others; every line
-    wrapped to the terminal's width; long reasons and sources cut to one line (in full with --verbose)."""
+    wrapped to the terminal's width; long reasons and sources cut to one line (in full with --verbose). `names`:
+    the answer in an engine's names (cli/engine_names.py), under --names."""
     width = max(60, shutil.get_terminal_size((100, 24)).columns)
 
     def out(text: str, indent: int = 0, *, full: bool = True) -> None:
@@ -275,6 +283,8 @@ def _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, rank
         out(f"no evidence at all for {arch}: nothing can be recommended (conservative answer: [])")
         return
     out("order: " + (", ".join(a.backend for a in ordered) or "(no supported backend)"))
+    if names is not None:
+        out(order_line(names))
     out(ORDER_BASIS)
     if hints:
         out(hints_line(hints, notes is not None))
@@ -287,7 +297,7 @@ def _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, rank
         lat = f", {a.latency_ms:.4g} ms" if a.latency_ms else ""
         rank = f"{position[a.backend] + 1}. " if a.backend in position else ""
         click.echo("")
-        out(f"{rank}{a.backend}: {a.status} [{a.tier or 'no evidence'}{lat}]")
+        out(f"{rank}{backend_label(names, a.backend)}: {a.status} [{a.tier or 'no evidence'}{lat}]")
         if a.basis:
             out(f"placed: {a.basis}", 2)
         if notes and a.backend in notes:
@@ -308,7 +318,7 @@ def _echo_explain(arch, op, dtype, head_size, hdv, feats, ordered, answers, rank
 
 
 def _explain_model(arch: str, model: str | None, tp: int | None, op: str, dtype: str, extra, as_json: bool,
-                   hints: dict[str, int]) -> None:
+                   hints: dict[str, int], engine: str | None) -> None:
     """`explain --model`: refuses the one-query options, then answers per layer type (cli/model_explain.py), with
     the batch and length hints for every layer type and each layer's own head counts."""
     from click.core import ParameterSource
@@ -320,7 +330,7 @@ def _explain_model(arch: str, model: str | None, tp: int | None, op: str, dtype:
     if model is None:
         raise UsageError("--tp goes with --model")
     ctx = click.get_current_context()
-    answers_opts = {"arch", "capability", "op", "dtype", "extra", "as_json", "model", "tp", *SHAPE_HINTS}
+    answers_opts = {"arch", "capability", "op", "dtype", "extra", "as_json", "model", "tp", "engine", *SHAPE_HINTS}
     query_opts = [p for p in ctx.params if p not in answers_opts]
     given = [p for p in query_opts if ctx.get_parameter_source(p) == ParameterSource.COMMANDLINE]
     if given:
@@ -335,4 +345,4 @@ def _explain_model(arch: str, model: str | None, tp: int | None, op: str, dtype:
     only_op = op if ctx.get_parameter_source("op") == ParameterSource.COMMANDLINE else None
     check_hints(hints, only_op, None)
     m = resolve(load_for_reading(proj, extra))
-    echo_model_answers(model_answers(m, preset, split, arch, dtype, only_op, hints), as_json)
+    echo_model_answers(model_answers(m, preset, split, arch, dtype, only_op, hints, engine), as_json)
