@@ -116,7 +116,7 @@ WORKLOADS_DIR = Path(__file__).resolve().parent / "data" / "workloads"
 
 
 # What a timed row shares with its backend's check row on the same layer and op: written once, on the check row
-# (`compact`), and given back to every timed row when read (`load_rows`).
+# (`compact`), and filled back into every timed row when read (`load_rows`).
 SHARED_FIELDS = ("arch", "case", "device", "entry", "heads_kv", "heads_q", "kernel_version", "layers", "profile")
 
 
