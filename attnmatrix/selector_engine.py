@@ -46,10 +46,10 @@ from statistics import median
 
 try:
     from . import vocabulary as V
-    from .selector_workloads import WORKLOAD_HINTS, place
+    from .selector_workloads import WORKLOAD_HINTS, place, workload_features
 except ImportError:  # vendored as plain modules beside each other
     import vocabulary as V
-    from selector_workloads import WORKLOAD_HINTS, place
+    from selector_workloads import WORKLOAD_HINTS, place, workload_features
 
 SUPPORTED, UNSUPPORTED, UNKNOWN = V.SUPPORTED, V.UNSUPPORTED, V.UNKNOWN
 CACHE_MAX = 1 << 16
@@ -296,9 +296,8 @@ class Engine:
     def workload_order(self, arch, op, dtype, head_dim, head_dim_v, feats, hints):
         """Where the timings near the hinted shape place the cell's backends (selector_workloads.Placement), or
         None where no workload was timed for the cell or no shape is hinted."""
-        if op == "decode":  # one query token at the end sees the whole cache: causal or not, the same call
-            feats = tuple(sorted(set(feats) | {"causal"}))
-        rows = self.data.get("workloads", {}).get(arch, {}).get((op, dtype, head_dim, head_dim_v, tuple(feats)))
+        feats = workload_features(op, feats)
+        rows = self.data.get("workloads", {}).get(arch, {}).get((op, dtype, head_dim, head_dim_v, feats))
         if not rows or not hints:
             return None
         return place(rows, op, hints, self.data.get("workload_band", 1.0))

@@ -25,6 +25,22 @@ from math import exp, log
 WORKLOAD_HINTS = ("num_heads", "num_kv_heads", "num_tokens", "batch_size", "seq_len", "context_len")
 # Timed points an interpolated placement draws on: the corners of the grid cell around a point inside the grid.
 NEIGHBOURS = 4
+# Decode: the one query token at the end of the cache sees the whole cache, so a causal mask changes nothing.
+# The workload sweep calls decode without it (`timed_features`), and its timings answer the causal query every
+# decoder asks (`workload_features`: the key of a cell's timings).
+MASK_FREE_OPS = {"decode": "causal"}
+
+
+def workload_features(op, feats):
+    """The feature tokens a cell's workload timings are keyed by: the query's, decode's with its causal mask."""
+    mask = MASK_FREE_OPS.get(op)
+    return tuple(sorted({*feats, mask})) if mask else tuple(feats)
+
+
+def timed_features(op, feats):
+    """The feature tokens of the call the workload sweep times for a query's `feats`: decode's without its mask."""
+    mask = MASK_FREE_OPS.get(op)
+    return tuple(t for t in feats if t != mask)
 
 
 def nearest_point(points, batch=None, length=None):

@@ -32,6 +32,35 @@ class ModelError(ValueError):
     """A models file, model or layer that cannot be used; the message names the file, the model and the field."""
 
 
+def layer_ops(qk_rope: int | None) -> tuple[str, ...]:
+    """The ops of the matrix a layer runs: MLA layers' prefill attention (the matrix has no latent-space MLA
+    decode op), every other layer's prefill and decode."""
+    return ("mla_prefill",) if qk_rope is not None else ("prefill", "decode")
+
+
+def call_params(op: str, heads_q: int, heads_kv: int, *, sliding_window: int | None, softcap: float | None,
+                sinks: bool, qk_rope: int | None) -> dict[str, Any]:
+    """The vocabulary's query parameters of one layer's `op` call on one GPU (its heads there): causal like every
+    decoder, plus the layer's window, softcap and sinks, grouped-query attention where the KV heads are fewer
+    than the query heads, and the MLA rope split. The one rule for a model layer's query: `LayerType.query_params`
+    (explain --model, the docs' model queries) and `workloads.Layer.features` (the workload sweep's cases)."""
+    if op not in layer_ops(qk_rope):
+        raise ModelError(f"a layer {'with' if qk_rope is not None else 'without'} MLA dims runs "
+                         f"{' and '.join(layer_ops(qk_rope))}, not {op}")
+    params: dict[str, Any] = {"causal": True}
+    if sliding_window:
+        params["sliding_window"] = True
+    if softcap:
+        params["softcap"] = True
+    if sinks:
+        params["sinks"] = True
+    if qk_rope is not None:
+        params["qk_rope"] = qk_rope
+    elif heads_kv < heads_q:
+        params["gqa"] = True
+    return params
+
+
 @dataclass(frozen=True)
 class LayerType:
     """One attention layer type of a model: what every layer of that type computes (whole model, before any
@@ -55,9 +84,7 @@ class LayerType:
         return self.qk_rope_head_dim is not None
 
     def ops(self) -> tuple[str, ...]:
-        """The ops of the matrix this layer runs: MLA layers' prefill attention (the matrix has no latent-space
-        MLA decode op), every other layer's prefill and decode."""
-        return ("mla_prefill",) if self.is_mla else ("prefill", "decode")
+        return layer_ops(self.qk_rope_head_dim)
 
     def per_rank(self, tp: int) -> tuple[int, int]:
         """(query heads, KV heads) on one GPU under a tensor-parallel split of `tp`: query heads divide, KV heads
@@ -65,24 +92,12 @@ class LayerType:
         return self.num_heads // tp, max(1, self.num_kv_heads // tp)
 
     def query_params(self, op: str, tp: int = 1) -> dict[str, Any]:
-        """The vocabulary's query parameters for this layer's `op` call (`generator.tables.make_query(...)`,
-        `select_backends(...)`): causal like every decoder, plus the layer's window, softcap and sinks, grouped-
-        query attention where one GPU's KV heads are fewer than its query heads, and the MLA rope split."""
+        """The vocabulary's query parameters for this layer's `op` call on one GPU under a tensor-parallel split of
+        `tp` (`generator.tables.make_query(...)`, `select_backends(...)`): `call_params`."""
         if op not in self.ops():
             raise ModelError(f"layer type {self.type!r} runs {' and '.join(self.ops())}, not {op}")
-        q, kv = self.per_rank(tp)
-        params: dict[str, Any] = {"causal": True}
-        if self.sliding_window:
-            params["sliding_window"] = True
-        if self.softcap:
-            params["softcap"] = True
-        if self.sinks:
-            params["sinks"] = True
-        if kv < q and not self.is_mla:
-            params["gqa"] = True
-        if self.is_mla:
-            params["qk_rope"] = self.qk_rope_head_dim
-        return params
+        return call_params(op, *self.per_rank(tp), sliding_window=self.sliding_window, softcap=self.softcap,
+                           sinks=self.sinks, qk_rope=self.qk_rope_head_dim)
 
     def describe(self, tp: int = 1) -> str:
         q, kv = self.per_rank(tp)

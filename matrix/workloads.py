@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-from attnmatrix.selector_workloads import nearest_point
+from attnmatrix.selector_workloads import nearest_point, timed_features, workload_features
+from attnmatrix.vocabulary import features_of
+
+from .models import call_params, layer_ops
 
 # (batch, length): prefill length = tokens per sequence (query = key length); decode length = context.
 # A factor of 4 between neighbours on each axis, so a query is never more than a factor of 2 from a bucket on
@@ -97,9 +100,7 @@ def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
                                                                  r["heads_kv"]) in passed:
             _, _, op, dtype, dims, _ = r["case"].split("/")
             hd, _, hdv = dims.partition("x")
-            feats = layer_features(r["case"])
-            if op == "decode":  # one query token at the end sees the whole cache: causal or not, the same call
-                feats = tuple(sorted(set(feats) | {"causal"}))
+            feats = workload_features(op, layer_features(r["case"]))
             key = (r["arch"], op, dtype, int(hd), int(hdv or hd), feats, r["heads_q"],
                    r["heads_kv"], r["batch"], r["length"])
             times.setdefault(key, {})[r["backend"]] = r["ms"]
@@ -176,24 +177,15 @@ class Layer:
         return f"{self.model}:{self.layer}"
 
     def ops(self) -> tuple[str, ...]:
-        return ("mla_prefill",) if self.qk_rope is not None else ("prefill", "decode")
+        return layer_ops(self.qk_rope)
 
     def features(self, op: str) -> tuple[str, ...]:
-        """The matrix's feature tokens for this layer's call (the selector's query for it)."""
-        toks = []
-        if op != "decode":
-            toks.append("causal")
-        if self.window:
-            toks.append("sliding_window")
-        if self.softcap:
-            toks.append("softcap")
-        if self.sinks:
-            toks.append("sinks")
-        if self.heads_kv != self.heads_q and op != "mla_prefill":
-            toks.append("gqa")
-        if self.qk_rope is not None:
-            toks.append(f"qk_rope:{self.qk_rope}")
-        return tuple(sorted(toks))
+        """The feature tokens of the call the sweep times for this layer's `op`: the selector's query for the
+        layer (`models.call_params`, as `LayerType.query_params` asks it), decode's without its causal mask
+        (`selector_workloads.timed_features`)."""
+        params = call_params(op, self.heads_q, self.heads_kv, sliding_window=self.window, softcap=self.softcap,
+                             sinks=self.sinks, qk_rope=self.qk_rope)
+        return timed_features(op, features_of(**params))
 
 
 class PresetError(ValueError):

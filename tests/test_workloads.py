@@ -50,6 +50,29 @@ def test_presets_are_the_models_files_layers_per_gpu_and_say_what_is_wrong(tmp_p
 
 
 @pytest.mark.slow
+def test_the_sweeps_call_keyed_as_the_selector_looks_it_up_is_the_models_query():
+    # One rule for a model layer's query (models.call_params): the workload sweep's case (Layer.features: decode
+    # without its causal mask) keyed as the engine looks timings up (workload_features) is explain --model's query.
+    from attnmatrix.matrix.models import ModelError, load_models
+
+    from attnmatrix.selector_workloads import workload_features
+    from attnmatrix.vocabulary import features_of
+
+    models = load_models()
+    layers = W.load_presets()
+    assert layers
+    for ly in layers:
+        model = models[ly.model]
+        lt = next(t for t in model.layers if t.type == ly.layer)
+        for op in ly.ops():
+            query = features_of(**lt.query_params(op, model.tp))
+            assert workload_features(op, ly.features(op)) == query, (ly.name, op)
+            assert ("causal" in ly.features(op)) == (op != "decode"), (ly.name, op)
+        with pytest.raises(ModelError, match="not decode" if ly.qk_rope else "not mla_prefill"):
+            ly.features("decode" if ly.qk_rope else "mla_prefill")
+    assert {op for ly in layers for op in ly.ops()} == {"prefill", "decode", "mla_prefill"}
+
+
 def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     R = _regret()
     monkeypatch.setattr(W, "BUCKETS", {"prefill": ((1, 64), (2, 128)), "decode": ((2, 64), (4, 128))})
