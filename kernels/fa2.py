@@ -49,11 +49,10 @@ def prepare(p: Problem) -> Callable[[], torch.Tensor]:
         "alibi_slopes": p.alibi_slopes,
     }
     paged, varlen = c.has("paged_kv"), c.has("varlen")
-    b = p.shape.batch
     if varlen:
         q, k, v, cu_q, cu_k = p.packed()
-        max_q = max(p.valid_q(i) for i in range(b))
-        max_k = max(p.valid_k(i) for i in range(b))
+        max_q = p.max_valid_q()
+        max_k = p.max_valid_k()
         unpack = p.unpacker()
         if paged:
             k, v, table = p.paged_kv()

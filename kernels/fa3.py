@@ -65,7 +65,7 @@ def prepare(p: Problem) -> Callable[[], torch.Tensor]:
         if varlen:
             q, _, _, cu_q, _ = p.packed()
             unpack = p.unpacker()
-            kw.update(cu_seqlens_q=cu_q, max_seqlen_q=max(p.valid_q(i) for i in range(b)))
+            kw.update(cu_seqlens_q=cu_q, max_seqlen_q=p.max_valid_q())
 
             def call() -> torch.Tensor:
                 return unpack(_first(fa3.flash_attn_with_kvcache(q, k_cache, v_cache, **kw)))
@@ -78,8 +78,8 @@ def prepare(p: Problem) -> Callable[[], torch.Tensor]:
         return call
     if varlen:
         q, k, v, cu_q, cu_k = p.packed()
-        max_q = max(p.valid_q(i) for i in range(b))
-        max_k = max(p.valid_k(i) for i in range(b))
+        max_q = p.max_valid_q()
+        max_k = p.max_valid_k()
         unpack = p.unpacker()
 
         def call() -> torch.Tensor:

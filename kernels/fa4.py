@@ -89,19 +89,18 @@ def build_call(p: Problem) -> FA4Call:
     if p.sinks is not None:
         kw["learnable_sink"] = p.sinks
     paged, varlen = c.has("paged_kv"), c.has("varlen")
-    b = p.shape.batch
     if paged:
         k_cache, v_cache, table = p.paged_kv()
         kw.update(page_table=table, seqused_k=p.seqlens_k_tensor())
         if varlen:
             q, _, _, cu_q, _ = p.packed()
-            kw.update(cu_seqlens_q=cu_q, max_seqlen_q=max(p.valid_q(i) for i in range(b)))
+            kw.update(cu_seqlens_q=cu_q, max_seqlen_q=p.max_valid_q())
             return FA4Call("flash_attn_varlen_func", (q, k_cache, v_cache), kw, p.unpacker())
         return FA4Call("flash_attn_varlen_func", (p.q, k_cache, v_cache), kw)
     if varlen:
         q, k, v, cu_q, cu_k = p.packed()
-        kw.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(p.valid_q(i) for i in range(b)),
-                  max_seqlen_k=max(p.valid_k(i) for i in range(b)))
+        kw.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=p.max_valid_q(),
+                  max_seqlen_k=p.max_valid_k())
         return FA4Call("flash_attn_varlen_func", (q, k, v), kw, p.unpacker())
     return FA4Call("flash_attn_func", (p.q, p.k, p.v), kw)
 

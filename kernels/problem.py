@@ -116,6 +116,14 @@ class Problem:
     def valid_k(self, b: int) -> int:
         return self.seqlens_k[b] if self.seqlens_k else self.shape.seqlen_k
 
+    def max_valid_q(self) -> int:
+        """The longest sequence's valid query tokens (a varlen call's `max_seqlen_q`)."""
+        return max(self.valid_q(i) for i in range(self.shape.batch))
+
+    def max_valid_k(self) -> int:
+        """The longest sequence's valid key tokens (a varlen call's `max_seqlen_k`)."""
+        return max(self.valid_k(i) for i in range(self.shape.batch))
+
     def packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Varlen layout: q, k, v packed over valid tokens, plus int32 cu_seqlens for q and k."""
         b = self.shape.batch

@@ -74,10 +74,6 @@ def _scales(p: Problem) -> tuple[float, float]:
     return p.scale * dq * dk, dv
 
 
-def _max_q(p: Problem) -> int:
-    return max(p.valid_q(i) for i in range(p.shape.batch))
-
-
 def prepare_ragged(p: Problem) -> Callable[[], torch.Tensor]:
     _no_softcap_alibi(p, RAGGED)
     if p.case.has("paged_kv"):
@@ -92,7 +88,7 @@ def prepare_ragged(p: Problem) -> Callable[[], torch.Tensor]:
     ws = workspace(p)
     out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=p.out_dtype, device=q.device)
     kw = {
-        "seq_lens": p.seqlens_k_tensor(), "max_q_len": _max_q(p), "max_kv_len": max(kv_lens(p)),
+        "seq_lens": p.seqlens_k_tensor(), "max_q_len": p.max_valid_q(), "max_kv_len": max(kv_lens(p)),
         "bmm1_scale": bmm1, "bmm2_scale": bmm2,
         "o_sf_scale": 1.0,  # scale of FP4 output scale factors; unused for bf16/fp16 output
         "batch_size": p.shape.batch, "window_left": left, "cum_seq_lens_q": cu_q, "cum_seq_lens_kv": cu_k,
@@ -119,7 +115,7 @@ def prepare_context(p: Problem) -> Callable[[], torch.Tensor]:
     bmm1, bmm2 = _scales(p)
     ws = workspace(p)
     kw = {
-        "max_q_len": _max_q(p), "max_kv_len": max(kv_lens(p)), "bmm1_scale": bmm1, "bmm2_scale": bmm2,
+        "max_q_len": p.max_valid_q(), "max_kv_len": max(kv_lens(p)), "bmm1_scale": bmm1, "bmm2_scale": bmm2,
         "batch_size": p.shape.batch, "cum_seq_lens_q": cu_q, "cum_seq_lens_kv": cu_k, "window_left": left,
         "window_right": w_right, "out_dtype": p.out_dtype, "kv_layout": KV_LAYOUT, "sinks": p.sinks,
         "causal": causal,

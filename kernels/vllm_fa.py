@@ -65,9 +65,9 @@ def call_arguments(p: Problem, version: int) -> tuple[tuple, dict, Callable[[tor
     b = p.shape.batch
     q, k, v, cu_q, cu_k = p.packed()
     kw: dict = {
-        "max_seqlen_q": max(p.valid_q(i) for i in range(b)),
+        "max_seqlen_q": p.max_valid_q(),
         "cu_seqlens_q": cu_q,
-        "max_seqlen_k": max(p.valid_k(i) for i in range(b)),
+        "max_seqlen_k": p.max_valid_k(),
         "softmax_scale": p.scale,
         "causal": p.causal,
         "window_size": list(p.window) if p.window is not None else [-1, -1],

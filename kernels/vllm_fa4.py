@@ -240,8 +240,8 @@ def build_vllm_call(p: Problem) -> FA4Call:
             p.page_size = saved
         if page != block:
             k, v, table = _split_pages(k, v, table, page)
-        kw.update(cu_seqlens_q=cu_q, max_seqlen_q=max(p.valid_q(i) for i in range(b)), page_table=table,
-                  seqused_k=p.seqlens_k_tensor(), max_seqlen_k=max(p.valid_k(i) for i in range(b)))
+        kw.update(cu_seqlens_q=cu_q, max_seqlen_q=p.max_valid_q(), page_table=table,
+                  seqused_k=p.seqlens_k_tensor(), max_seqlen_k=p.max_valid_k())
         post = p.unpacker()
         if _is_hd256_path(p):
             # vLLM's hd256 preparation: page-aligned max_seqlen_k, exact-width block table, no SplitKV.
@@ -251,8 +251,8 @@ def build_vllm_call(p: Problem) -> FA4Call:
             kw["num_splits"] = 1
     elif c.has("varlen"):
         q, k, v, cu_q, cu_k = p.packed()
-        kw.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(p.valid_q(i) for i in range(b)),
-                  max_seqlen_k=max(p.valid_k(i) for i in range(b)))
+        kw.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=p.max_valid_q(),
+                  max_seqlen_k=p.max_valid_k())
         post = p.unpacker()
     else:
         q, k, v = p.q, p.k, p.v

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import re
 
-from attnmatrix.vocabulary import OPS, arch_family
+from attnmatrix.vocabulary import MASK_FEATURES, OPS, QUALIFIERS, arch_family
 
 from .backends import engine_name
 from .cases import feature_name
 from .evidence import Evidence
 from .machine_paths import machine_paths
 from .records import POSITIVE_OUTCOMES
-from .storage import Problem
+from .storage import Problem, split_where
 
 # A citation of vLLM itself: its repository (not vllm-project/flash-attention, its kernel fork) or its wheel.
 VLLM_SOURCE_RE = re.compile(r"^(vllm-project/vllm(?![-\w])|pypi:vllm(==|\())")
@@ -63,13 +63,6 @@ def check_cited_backend(ev: Evidence) -> list[Problem]:
     return problems
 
 
-def _split(where: str) -> tuple[str, int | None]:
-    f, _, n = where.rpartition(":")
-    if f and n.isdigit():
-        return f, int(n)
-    return where.split("#", 1)[0], None
-
-
 def check_page_table(ev: Evidence) -> list[Problem]:
     """A backend whose entry point takes no block table (backends.json `page_table: false`) cannot be supported
     with paged KV: no record may claim it. A reader that drops the page size from such a call (the cubin ingest
@@ -79,7 +72,7 @@ def check_page_table(ev: Evidence) -> list[Problem]:
         if rec.outcome not in POSITIVE_OUTCOMES or ev.backends.get(rec.case.backend, {}).get("page_table", True):
             continue
         if any(feature_name(t) == "paged_kv" for t in rec.case.features):
-            f, line = _split(where)
+            f, line = split_where(where)
             problems.append(Problem(f, line, "outcome", f"{rec.case.backend} takes no block table (backends.json "
                                     f"page_table: false), yet this paged KV cell is {rec.outcome!r}", rec.key))
     return problems
@@ -92,13 +85,10 @@ def check_no_machine_paths(ev: Evidence) -> list[Problem]:
     for rec, where in zip(ev.records, ev.where, strict=True):
         paths = machine_paths(rec.reason)
         if paths:
-            f, line = _split(where)
+            f, line = split_where(where)
             problems.append(Problem(f, line, "reason", f"carries a machine path ({paths[0]}); rewrite the file "
                                     "through attnmatrix (matrix/storage.py dump_record cuts such paths)", rec.key))
     return problems
-
-
-MASK_FEATURES = frozenset({"causal"})
 
 
 def _mask(features) -> frozenset:
@@ -158,7 +148,7 @@ def check_api_refusal_covers_feature(ev: Evidence) -> list[Problem]:
         if rec.outcome == "rejected" and (rec.reason or "").startswith(API_REFUSAL):
             c = rec.case
             refusals.setdefault((c.arch, c.backend, rec.kernel_version, rec.reason), []).append(
-                {feature_name(t) for t in c.features} - MASK_FEATURES - {"qk_rope"})
+                {feature_name(t) for t in c.features} - {*MASK_FEATURES, *QUALIFIERS})
     needs = {k: set.intersection(*sets) for k, sets in refusals.items()}
     needs = {k: v for k, v in needs.items() if v}
     if not needs:
@@ -172,7 +162,7 @@ def check_api_refusal_covers_feature(ev: Evidence) -> list[Problem]:
     for (arch, backend, version, reason), feats in sorted(needs.items(), key=lambda kv: str(kv[0])):
         for cell in by_block.get((arch, backend), ()):
             if cell.kernel_version == version and feats <= {feature_name(t) for t in cell.case.features}:
-                f, line = _split(where_of.get(id(cell.winner), "matrix"))
+                f, line = split_where(where_of.get(id(cell.winner), "matrix"))
                 problems.append(Problem(f, line, "outcome",
                                         f"supported ({cell.tier}) with {', '.join(sorted(feats))}, which {backend} "
                                         f"{version} refuses on {arch} as an API that cannot express it: {reason}",
@@ -209,7 +199,7 @@ def check_output_dtype(ev: Evidence) -> list[Problem]:
         elif want is not None and want != c.dtype:
             why = f"{c.backend} writes {want} for fp8 inputs (backends.json fp8_output), not the case's {c.dtype}"
         if why:
-            f, line = _split(where)
+            f, line = split_where(where)
             problems.append(Problem(f, line, "case.dtype", f"{rec.outcome!r}, but {why}", rec.key))
     return problems
 
@@ -247,7 +237,7 @@ def check_mla_mask(ev: Evidence) -> list[Problem]:
                    "the case ran causal")
         else:
             continue
-        f, line = _split(where)
+        f, line = split_where(where)
         problems.append(Problem(f, line, "case.features", why, rec.key))
     return problems
 

@@ -36,6 +36,14 @@ class Problem:
         return f"{where}{rec}: {self.field}: {self.message}"
 
 
+def split_where(where: str) -> tuple[str, int | None]:
+    """Where a record came from (`file:line`, or `file#...` for an embedded fact) as a Problem's (file, line)."""
+    f, _, n = where.rpartition(":")
+    if f and n.isdigit():
+        return f, int(n)
+    return where.split("#", 1)[0], None
+
+
 class InputError(Exception):
     """Input could not be read at all (missing file, not UTF-8 ...). Exit code 2."""
 

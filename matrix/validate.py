@@ -8,21 +8,14 @@ from .audit import audit
 from .cases import Case
 from .evidence import Evidence
 from .merge import merge_records
-from .storage import Problem
-
-
-def _split(where: str) -> tuple[str, int | None]:
-    f, _, n = where.rpartition(":")
-    if f and n.isdigit():
-        return f, int(n)
-    return where.split("#", 1)[0], None
+from .storage import Problem, split_where
 
 
 def validate_evidence(ev: Evidence) -> list[Problem]:
     problems: list[Problem] = []
     known = set(ev.backends)
     for rec, where in zip(ev.records, ev.where, strict=True):
-        f, line = _split(where)
+        f, line = split_where(where)
         if rec.case.backend not in known:
             problems.append(Problem(f, line, "case.backend",
                                     f"unknown backend {rec.case.backend!r} (known: {', '.join(sorted(known))})",
@@ -40,7 +33,7 @@ def validate_evidence(ev: Evidence) -> list[Problem]:
             declared[(rec.case.cell, rec.kernel_version)].append((rec.outcome, where))
     for (cell, ver), items in sorted(declared.items(), key=lambda kv: str(kv[0])):
         if len({o for o, _ in items}) > 1:
-            f, _ = _split(items[0][1])
+            f, _ = split_where(items[0][1])
             facts = ", ".join(sorted({w.split("#", 1)[-1] + "=" + o for o, w in items}))
             key = Case(*cell).key
             problems.append(Problem(f, None, "facts", f"declared facts disagree for version {ver or 'any'}: {facts}",

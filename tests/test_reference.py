@@ -186,6 +186,9 @@ def test_varlen_rows_are_each_sequence_alone_and_padding_is_zero():
 
 def test_packed_and_unpack_round_trip():
     p = make_problem(_case(("varlen",)), Shape("t", 3, 20, 20, 2, 2), seed=7)
+    assert (p.max_valid_q(), p.max_valid_k()) == (max(p.seqlens_q), max(p.seqlens_k))  # a varlen call's max_seqlen_*
+    dense = make_problem(_case(()), Shape("t", 2, 5, 23, 2, 2), seed=7)
+    assert (dense.max_valid_q(), dense.max_valid_k()) == (5, 23)
     q, k, v, cu_q, cu_k = p.packed()
     assert cu_q.dtype == torch.int32 and cu_q.tolist() == [0, *torch.tensor(p.seqlens_q).cumsum(0).tolist()]
     assert q.shape[0] == sum(p.seqlens_q) and k.shape[0] == sum(p.seqlens_k)
