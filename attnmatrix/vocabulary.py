@@ -145,6 +145,17 @@ def features_of(**params) -> tuple[str, ...]:
     return tuple(sorted(toks))
 
 
+def query_params_of(features) -> dict[str, object]:
+    """The query parameters that ask for the feature tokens `features`, the inverse of `features_of`: every flag
+    parameter (False where its feature is absent) and each sized feature's argument (`page_size=16`, `qk_rope=64`).
+    Malformed or unknown tokens raise VocabularyError."""
+    params: dict[str, object] = {f.param: False for f in FEATURE_INFO if f.kind == FLAG and f.param}
+    for tok in features:
+        f = FEATURE_BY_NAME[feature_name(check_feature_token(tok))]
+        params[f.param or f.name] = True if f.kind == FLAG else int(str(tok).partition(":")[2])
+    return params
+
+
 def _int(name: str, v: object, lo: int, hi: int | None = None) -> int:
     """An int (or an integral float: 128.0 is 128); bools, strings and values outside `lo`..`hi` are refused."""
     if isinstance(v, bool):

@@ -27,6 +27,8 @@ import time
 import timeit
 from pathlib import Path
 
+from attnmatrix.vocabulary import query_params_of
+
 # Wall time and CPU time of the import: on a shared machine the CPU time is what the module itself costs.
 IMPORT = ("import time; t, c = time.perf_counter(), time.process_time(); import attnmatrix.selector; "
           "print(time.perf_counter() - t, time.process_time() - c)")
@@ -74,16 +76,11 @@ def warm_first_call_us(composed: bool, repeat: int = 7) -> tuple[float, int]:
     backends answer from three cells."""
     import attnmatrix.selector as s
 
-    flags = ("causal", "sliding_window", "softcap", "alibi", "sinks", "gqa", "varlen", "fp8")
     queries = []
-    for (op, dtype, hd, hdv), classes in s.DATA["measured"]["sm_90"].items():
-        for fset in classes:
-            feats = () if fset == "none" else fset.split("+")
-            if composed:
-                feats = [*feats, "gqa", "sliding_window"]
-            kw = {f: f in feats for f in flags}
-            kw["page_size"] = next((int(t.split(":")[1]) for t in feats if t.startswith("paged_kv:")), None)
-            queries.append((hd, hdv, op, dtype, kw))
+    for op, dtype, hd, hdv, feats in s.DATA["measured"]["sm_90"]:
+        if composed:
+            feats = sorted({*feats, "gqa", "sliding_window"})
+        queries.append((hd, hdv, op, dtype, query_params_of(feats)))
     s.select_backends((9, 0), 128)  # the rules of every sm_90 backend are parsed once, before timing
     best = float("inf")
     for _ in range(repeat):

@@ -218,6 +218,16 @@ def ops_for(head_dims: tuple[int, int]) -> list[str]:
     return ["prefill", "decode"] + (["mla_prefill"] if head_dims in MLA_HEAD_DIMS else [])
 
 
+# MLA prefill in engines is ragged, causal, never paged or windowed: a feature set with one of these has no MLA
+# prefill case (`case_space`), and a declared fact's "*" feature sets skip it for MLA prefill (matrix/evidence.py).
+MLA_EXCLUDED_FEATURES: tuple[str, ...] = ("paged_kv", "sliding_window")
+
+
+def mla_excludes(features) -> bool:
+    """Whether MLA prefill is never asked with `features` (MLA_EXCLUDED_FEATURES)."""
+    return any(feature_name(str(t)) in MLA_EXCLUDED_FEATURES for t in features)
+
+
 def mla_rope_splits(head_dims: tuple[int, int]) -> list[int]:
     """The qk_rope parts of the MLA triples whose (qk_nope + qk_rope, v) are these head dims."""
     return sorted({r for n, r, v in MLA_TRIPLES if (n + r, v) == tuple(head_dims)}, reverse=True)
@@ -253,8 +263,7 @@ def case_space(
                 if op != "mla_prefill":
                     yield Case(arch, backend, op, dtype, hd[0], hd[1], feats)
                     continue
-                # MLA prefill in engines is ragged, causal, never paged or windowed.
-                if any(feature_name(f) in ("paged_kv", "sliding_window") for f in feats):
+                if mla_excludes(feats):
                     continue
                 for rope in mla_rope_splits(tuple(hd)):
                     yield Case(arch, backend, op, dtype, hd[0], hd[1], (*feats, f"qk_rope:{rope}"))

@@ -11,10 +11,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnmatrix.vocabulary import ARCHS, DTYPES, MAX_HEAD_DIM, OPS, feature_name
+from attnmatrix.vocabulary import ARCHS, DTYPES, MAX_HEAD_DIM, OPS, QUALIFIERS, feature_name
 
 from . import backends as B
-from .cases import BACKEND_FEATURE_SETS, FEATURE_SETS, HEAD_DIMS, MLA_TRIPLES, CaseError, normalize_arch
+from .cases import BACKEND_FEATURE_SETS, FEATURE_SETS, HEAD_DIMS, MLA_TRIPLES, CaseError, mla_excludes, normalize_arch
 from .records import Record, RecordError, parse_record
 from .storage import InputError, Problem, iter_result_files, read_records
 
@@ -124,8 +124,8 @@ def _cells_for_op(fact: dict, op: str, feature_sets: list[tuple[str, ...]]) -> l
     out = []
     for nope, rope, v in MLA_TRIPLES:
         for feats in feature_sets:
-            if any(feature_name(str(t)) in ("paged_kv", "sliding_window", "qk_rope") for t in feats):
-                continue  # MLA prefill is ragged, never paged or windowed (cases.case_space)
+            if mla_excludes(feats) or any(feature_name(str(t)) in QUALIFIERS for t in feats):
+                continue  # MLA prefill is never paged or windowed (cases.mla_excludes); its rope split is added here
             out.append((nope + rope, v, (*feats, f"qk_rope:{rope}")))
     return out
 

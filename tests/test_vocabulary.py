@@ -66,6 +66,19 @@ def test_query_parameters_come_from_the_features() -> None:
         features_of(sofcap=True)
 
 
+def test_query_params_of_is_the_inverse_of_features_of() -> None:
+    from attnmatrix import selector
+
+    sets = {f for per_arch in selector.DATA["measured"].values() for (*_, f) in per_arch}
+    sets |= {("causal", "qk_rope:64"), ("fp8_kv", "gqa", "paged_kv:16"), ()}
+    for feats in sets:
+        assert V.features_of(**V.query_params_of(feats)) == tuple(sorted(feats)), feats
+    assert V.query_params_of(["softcap", "paged_kv:32"]) == {**{p: False for p in V.QUERY_PARAMS if p != "page_size"},
+                                                              "softcap": True, "page_size": 32}
+    with pytest.raises(V.VocabularyError, match="sofcap"):
+        V.query_params_of(["sofcap"])
+
+
 def test_the_fp8_kv_cache_axis_reaches_every_layer_from_one_definition() -> None:
     """vLLM's kv_cache_dtype="fp8": one Feature entry; the case space, the engine's query parameters, the
     selector and the CLI's explain take it from there."""
