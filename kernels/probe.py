@@ -15,6 +15,8 @@ import torch
 from attnmatrix.matrix.cases import Case, check_duration
 from attnmatrix.matrix.records import Record, Timing
 
+from attnmatrix.vocabulary import DTYPES
+
 from .base import Backend, load_backend
 from .env import device_provenance
 from .flops import problem_flops
@@ -31,7 +33,7 @@ class ProbeConfig:
     seed: int = 0
     budget_ms: float = 40.0  # per timed shape, after warm-up; at least 5 runs whatever it costs
     run_id: str | None = None
-    timed_dtypes: tuple[str, ...] = ("bfloat16", "float16")
+    timed_dtypes: tuple[str, ...] = DTYPES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget_ms", check_duration(self.budget_ms, "budget_ms"))  # frozen

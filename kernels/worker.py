@@ -26,6 +26,8 @@ def main() -> int:
 
     from attnmatrix.matrix.cases import Case
 
+    from attnmatrix.vocabulary import DTYPES
+
     from .base import load_backend
     from .env import device_provenance
     from .probe import ProbeConfig, kernel_provenance, probe_case
@@ -55,7 +57,7 @@ def main() -> int:
         task = json.loads(line)
         case = Case.from_dict(task["case"])
         cfg = task.get("config", {})
-        config = ProbeConfig(**{**cfg, "timed_dtypes": tuple(cfg.get("timed_dtypes", ("bfloat16", "float16")))})
+        config = ProbeConfig(**{**cfg, "timed_dtypes": tuple(cfg.get("timed_dtypes", DTYPES))})
         backend = load_backend(case.backend)
         send({"event": "start", "key": case.key, "provenance": kernel_provenance(backend, base)})
         record = _run_with_memory_retry(run_case, case, config, base, backend, device)

@@ -41,6 +41,8 @@ from attnmatrix.matrix.records import Record
 from attnmatrix.matrix.storage import iter_result_files, read_records
 from attnmatrix.matrix.validate import DTYPE_PAIR_RUN, dtype_timing_disagreements
 
+from attnmatrix.vocabulary import DTYPES
+
 
 def committed_passes(arch: str, results: Path = RESULTS_DIR) -> dict[str, Record]:
     """The newest validated pass per case of `arch` in the committed result files."""
@@ -170,7 +172,7 @@ def dtype_pair_cases(arch: str) -> list[Case]:
     from attnmatrix.matrix.evidence import load_evidence
 
     pairs = [d for d in dtype_timing_disagreements(load_evidence([]).records) if d["cell"].startswith(arch + "/")]
-    return [Case.from_key(d[dt]) for d in pairs for dt in ("bfloat16", "float16")]
+    return [Case.from_key(d[dt]) for d in pairs for dt in DTYPES]
 
 
 def main(argv: list[str] | None = None) -> int:
