@@ -150,3 +150,40 @@ def test_ci_runs_the_readme_command_and_the_slow_suite_and_reports_a_failure(tmp
 
 def test_the_default_run_leaves_out_the_slow_suite():
     assert re.search(r"""^addopts = "-m 'not slow'"$""", (ROOT / "pyproject.toml").read_text(), re.M)
+
+
+def layout_problems(readme: str, files: list[str]) -> list[str]:
+    """What README's layout table says that the tree (`files`, as git lists them) does not have: a folder or
+    file it names that does not exist (a name is read from the root, the row's folder, its `vllm/` engine or
+    `attnmatrix/`), and a top-level folder it does not describe."""
+    table = readme.split("## Layout", 1)[1].strip().split("\n\n", 1)[0].splitlines()[2:]
+    folders = set()
+    for f in files:
+        parts = f.split("/")[:-1]
+        folders |= {"/".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    known = set(files) | folders
+    problems, described = [], set()
+    for row in table:
+        first, rest = row.strip().strip("|").split("|", 1)
+        row_folders = [t.rstrip("/") for t in re.findall(r"`([^`]+)`", first)]
+        described |= set(row_folders)
+        problems += [f"folder {d}/ does not exist" for d in row_folders if d not in folders]
+        for name in re.findall(r"`([^`\s]+)`", rest):
+            if not re.search(r"\.(py|sh|json|jsonl|md|yaml)$|/", name) or name.startswith("attnmatrix."):
+                continue
+            path = name.rstrip("/").replace("<engine>", "vllm")
+            where = [path, f"attnmatrix/{path}", *(f"{d}/{path}" for d in row_folders)]
+            if not known & set(where):
+                problems.append(f"{name} (row {', '.join(row_folders)}) does not exist")
+    problems += [f"top-level folder {t}/ is not described" for t in sorted({f.split("/")[0] for f in files if "/" in f})
+                 if t not in described]
+    return problems
+
+
+def test_the_readme_layout_table_matches_the_tree():
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert layout_problems(readme, files) == []
+    # the check can say no: a named file that is gone, a top-level folder the table leaves out
+    assert layout_problems(readme, [f for f in files if f != "attnmatrix/workflow.py"] + ["newtool/x.py"]) == [
+        "workflow.py (row attnmatrix) does not exist", "top-level folder newtool/ is not described"]
