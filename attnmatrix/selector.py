@@ -6417,14 +6417,14 @@ DATA = {
                 ),
             ),
             (
-                ('sm_110',), ('prefill', 'decode'), ('bfloat16', 'float16'), (256,), (('causal', 'fp8'),),
+                ('sm_110',), ('prefill', 'decode'), ('bfloat16',), (256,), (('causal', 'fp8'),),
                 (
                     'rejected', 'compiled', '20261202-86059ccd',
                     'AssertionError: FP8 is only supported on SM100 (compute capability 10.x) for FA4 CuTe.',
                 ),
             ),
             (
-                ('sm_100', 'sm_103'), ('prefill', 'decode'), ('bfloat16', 'float16'), (256,), (('causal', 'fp8'),),
+                ('sm_100', 'sm_103'), ('prefill', 'decode'), ('bfloat16',), (256,), (('causal', 'fp8'),),
                 (
                     'rejected', 'compiled', '20261202-86059ccd',
                     'AssertionError: SM100 forward with head_dim=256 does not support descale_tensors',
@@ -6678,7 +6678,7 @@ DATA = {
             ),
             (
                 ('sm_100', 'sm_103', 'sm_110'), ('prefill', 'decode'), ('float16',),
-                (32, 64, 80, 96, 128, 160, 192, 224, 512, (192, 128)), (('causal', 'fp8'),),
+                (32, 64, 80, 96, 128, 160, 192, 224, 256, 512, (192, 128)), (('causal', 'fp8'),),
                 (
                     'rejected', 'declared', 'vllm-fa4-fp8-writes-bf16',
                     'out dtype torch.float16 != expected torch.bfloat16',

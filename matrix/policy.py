@@ -15,7 +15,8 @@
 5. Call profiles: where a cell has evidence from the call an engine makes (records with `extra.profile`,
    e.g. `vllm` for vLLM's own FlashAttention builds probed through vLLM's call, kernels/base.py), evidence
    from another call of the same kernel does not decide the cell: it is kept and shown as a conflict
-   ("another call"), so a cell never mixes profiles silently.
+   ("another call"), so a cell never mixes profiles silently. A declared fact is no call: it cites the
+   library's own word on the kernel and keeps its place in rule 2 beside the engine's call.
 6. A supported cell's latency is its winner's timings, or where the winner timed no shape, those of
    the newest timed record with the same outcome, tier and kernel version (`timed_by`).
 
@@ -199,9 +200,9 @@ def resolve_cell(records: Sequence[Record]) -> ResolvedCell:
     if profiles:
         profiled = [r for r in informative if r.extra and r.extra.get("profile")]
         for r in informative:
-            if r not in profiled:
+            if r not in profiled and r.tier != "declared":
                 conflicts.append(f"another call (not {'/'.join(profiles)}'s), kept, not deciding: {describe(r)}")
-        informative = profiled
+        informative = [r for r in informative if r in profiled or r.tier == "declared"]
     versions = {r.kernel_version for r in informative if r.kernel_version}
     newest = max(versions, key=version_key) if versions else None
     current = [r for r in informative if not r.kernel_version or r.kernel_version == newest]

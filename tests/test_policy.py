@@ -445,3 +445,9 @@ def test_evidence_from_the_engines_call_decides_and_another_call_is_kept_as_a_co
     assert any(c.startswith("another call (not vllm's)") for c in cell.conflicts)
     # without evidence from the engine's call, the other call still answers (negative wins as before)
     assert resolve_cell([own_api]).status == "unsupported"
+    # a declared refusal is the library's word on the kernel, not another call: it outranks the engine call's compile
+    declared = Record(case=case, outcome="rejected", tier="declared", reason="no local attention at head dim 256",
+                      provenance={"date": "2026-11-30", "source": "flash_attn/cute/interface.py"})
+    cell = resolve_cell([own_api, engine_call, declared])
+    assert cell.status == "unsupported" and cell.winner is declared
+    assert not any(c.startswith("another call") and "no local attention" in c for c in cell.conflicts)
