@@ -31,6 +31,7 @@ from attnmatrix.vocabulary import (
     UNKNOWN,
     UNSUPPORTED,
     arch_sort_key,
+    capability_label,
     feature_name,
 )
 
@@ -372,10 +373,8 @@ def arch_title(arch: str) -> str:
 
 
 def arch_capability(arch: str) -> str:
-    if arch.startswith("sm_") and arch[3:].isdigit():
-        n = arch[3:]
-        return f"compute capability {n[:-1]}.{n[-1]}"
-    return ""
+    label = capability_label(arch)
+    return f"compute capability {label}" if label != arch else ""
 
 
 def arch_pages(m: ResolvedMatrix, layers=DECISION_LAYERS) -> list[ArchPage]:

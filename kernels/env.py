@@ -10,6 +10,8 @@ import subprocess
 
 import torch
 
+from attnmatrix.vocabulary import arch_of
+
 
 def package_version(dist: str) -> str | None:
     try:
@@ -49,8 +51,7 @@ def _driver_version() -> str | None:
 def local_arch(device: str = "cuda") -> str:
     """The matrix arch of this process's device: `sm_90` for an H200, `cpu` without a GPU."""
     if device == "cuda" and torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return f"sm_{major}{minor}"
+        return arch_of(torch.cuda.get_device_capability())
     return "cpu"
 
 

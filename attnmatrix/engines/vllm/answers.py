@@ -37,12 +37,6 @@ def parse_capability(s: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def capability_of(arch: str) -> tuple[int, int]:
-    """`sm_90` -> (9, 0), `sm_120` -> (12, 0)."""
-    n = arch[3:].rstrip("af")
-    return int(n[:-1]), int(n[-1])
-
-
 def fa_params(features: Iterable[str]) -> dict:
     """The get_flash_attn_version arguments a matrix feature set stands for (the others do not enter it)."""
     from attnmatrix.matrix.cases import feature_name

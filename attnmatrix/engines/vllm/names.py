@@ -37,6 +37,7 @@ from pathlib import Path
 
 from attnmatrix.matrix.cases import mla_rope_splits
 from attnmatrix.matrix.evidence import BACKENDS_FILE, DATA_DIR, load_backends
+from attnmatrix.vocabulary import capability_of
 
 from . import answers as A
 
@@ -151,9 +152,6 @@ class VllmChoice:
     why: str  # what vLLM's code said on the way (its log lines, the priorities and refusals)
     pads_v: bool = False
     routed: bool = False  # vLLM's attention backend choice is not FLASH_ATTN: its FA version is not what it runs
-
-
-capability_of = A.capability_of
 
 
 def _log_text(lines: list[str]) -> str:

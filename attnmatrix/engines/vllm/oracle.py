@@ -35,7 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .answers import ANSWERS_SCHEMA, answers_path, backend_params, cap_text, capability_of, fa_params
+from attnmatrix.vocabulary import capability_of
+
+from .answers import ANSWERS_SCHEMA, answers_path, backend_params, cap_text, fa_params
 from .namespace import EXECUTED, INERT, OPTIONAL_LIBRARIES, STAND_INS, THIRD_PARTY_STAND_INS, Namespace
 from .release import Release
 
