@@ -24,14 +24,26 @@ names_option = click.option(
          "backend stands; backends the engine does not run are left out.")
 
 
+def _unknown(engine: str, known) -> UsageError:
+    return UsageError(f"--names: unknown engine {engine!r} (known: {', '.join(sorted(known))}; without --names the "
+                      "answer is in attnmatrix's backend names)")
+
+
+def check_engine(engine: str | None) -> None:
+    """Before the matrix is resolved (seconds): an engine backends.json declares no names for is a usage error.
+    The engine data built from the matrix has exactly these engines (`matrix.backends.engine_names`)."""
+    from attnmatrix.matrix.backends import ENGINE_NAME_FIELDS
+
+    if engine is not None and engine not in ENGINE_NAME_FIELDS:
+        raise _unknown(engine, ENGINE_NAME_FIELDS)
+
+
 def engine_table(eng: Engine, engine: str, op: str) -> dict[str, str]:
     """backend -> `engine`'s name for `op`; a usage error naming --names and the engines the data knows."""
     try:
         return eng.names_of(engine, op)
     except ValueError:
-        known = ", ".join(sorted(eng.data["engine_names"]))
-        raise UsageError(f"--names: unknown engine {engine!r} (known: {known}; without --names the answer is in "
-                         "attnmatrix's backend names)") from None
+        raise _unknown(engine, eng.data["engine_names"]) from None
 
 
 def names_answer(eng: Engine, engine: str, op: str, order: list[str], backends: Iterable[str]) -> dict:

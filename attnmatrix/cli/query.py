@@ -34,7 +34,7 @@ from .common import (
     page_size_callback,
     refuse_conflicts,
 )
-from .engine_names import add_names, backend_label, names_option, order_line
+from .engine_names import add_names, backend_label, check_engine, names_option, order_line
 from .group import main
 from .workload_hints import (
     SHAPE_HINTS,
@@ -209,6 +209,7 @@ def explain(arch, capability, head_size, head_size_v, op, dtype, extra, as_json,
             return
         if why:
             click.echo(f"{why}: answering from the matrix", err=True)
+    check_engine(engine)
     from attnmatrix.generator import tables as T
     from attnmatrix.generator.capabilities import engine_for
 
@@ -344,5 +345,6 @@ def _explain_model(arch: str, model: str | None, tp: int | None, op: str, dtype:
         raise UsageError(f"--tp: {e}") from None
     only_op = op if ctx.get_parameter_source("op") == ParameterSource.COMMANDLINE else None
     check_hints(hints, only_op, None)
+    check_engine(engine)
     m = resolve(load_for_reading(proj, extra))
     echo_model_answers(model_answers(m, preset, split, arch, dtype, only_op, hints, engine), as_json)
