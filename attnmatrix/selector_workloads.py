@@ -7,9 +7,12 @@ length, ties, ((backend, ms), ...) fastest first), and DATA['workload_band'], th
 two backends tie.
 
 A hinted query takes the timed layer nearest to its head counts, then places the backends at its (batch,
-length): at a timed point, by that point's timings; between points, by each backend's time interpolated from
-the nearest timed points (a weighted geometric mean, weights 1 / squared distance in log space), since a
-ranking read off one neighbouring point misses where the order changes between points.
+length): at a timed point, by that point's timings; between points, by each backend's time interpolated in log
+space from the timed points around it (bilinear between the grid values that bracket each axis; on a grid line,
+between the two points on it), since a ranking read off one neighbouring point misses where the order changes
+between points. Where a bracketing point was not timed (the grid leaves out the largest corners), the nearest
+timed points stand in, weighted by 1 / squared distance. A backend not timed at some of the points is placed from
+those it was timed at. With one axis hinted, the timed point nearest on that axis is used.
 
 Standard library only: part of the vendored selector (selector.py, selector_engine.py, selector_vllm.py,
 selector_workloads.py, vocabulary.py).
@@ -21,9 +24,9 @@ from math import exp, log
 
 # Optional workload hints of select_backends: the layer's head counts and the batch's shape. Prefill's point is
 # (batch_size, seq_len), decode's (batch_size, context_len); num_tokens stands for the batch where it is not
-# given (prefill: num_tokens // seq_len sequences; decode: one token per sequence).
+# given (prefill: num_tokens // seq_len sequences, so only beside seq_len; decode: one token per sequence).
 WORKLOAD_HINTS = ("num_heads", "num_kv_heads", "num_tokens", "batch_size", "seq_len", "context_len")
-# Timed points an interpolated placement draws on: the corners of the grid cell around a point inside the grid.
+# Timed points an interpolated placement draws on where the grid cell around a point is not complete.
 NEIGHBOURS = 4
 # Decode: the one query token at the end of the cache sees the whole cache, so a causal mask changes nothing.
 # The workload sweep calls decode without it (`timed_features`), and its timings answer the causal query every
@@ -54,11 +57,16 @@ def nearest_point(points, batch=None, length=None):
 
 
 def hinted_point(op, hints):
-    """(batch, length) of the hints for `op` (either may be None), or None when neither is given."""
+    """(batch, length) of the hints for `op` (either may be None), or None when neither is given. Decode's
+    num_tokens is its batch (one token per sequence); prefill's stands for batch_size only beside seq_len (8192
+    tokens are one long sequence or 64 short ones)."""
     length = hints.get("context_len" if op == "decode" else "seq_len")
     batch = hints.get("batch_size")
     if batch is None and hints.get("num_tokens"):
-        batch = hints["num_tokens"] if op == "decode" else max(1, hints["num_tokens"] // (length or 1))
+        if op == "decode":
+            batch = hints["num_tokens"]
+        elif length is not None:
+            batch = max(1, hints["num_tokens"] // length)
     return None if batch is None and length is None else (batch, length)
 
 
@@ -89,11 +97,42 @@ class Placement:
         self.points, self.exact, self.order, self.ties = points, exact, order, ties
 
     def basis(self) -> str:
+        heads = f"heads {self.heads[0]}/{self.heads[1]}"
         if self.exact:
-            return f"heads {self.heads[0]}/{self.heads[1]}, batch {self.batch}, length {self.length}"
+            return f"{heads}, batch {self.batch}, length {self.length}"
+        if len(self.points) == 1:
+            return f"{heads}, the timed point nearest on the hinted axis: batch {self.batch}, length {self.length}"
         near = ", ".join(f"{b}x{n}" for b, n in self.points)
-        return (f"heads {self.heads[0]}/{self.heads[1]}, batch {self.batch}, length {self.length}, "
+        return (f"{heads}, batch {self.batch}, length {self.length}, "
                 f"interpolated from the timed points (batch x length) {near}")
+
+
+def _bracket(v, values):
+    """The grid values on either side of `v` (one value where `v` is one, or beyond the grid)."""
+    lo = max((x for x in values if x <= v), default=None)
+    hi = min((x for x in values if x >= v), default=None)
+    return tuple(sorted({x for x in (lo, hi) if x is not None}))
+
+
+def _weights(by_point, batch, length):
+    """Timed point -> interpolation weight for (batch, length): bilinear in log space over the bracketing grid
+    points where all of them were timed, else 1 / squared log distance over the NEIGHBOURS nearest."""
+    bs, ls = _bracket(batch, {p[0] for p in by_point}), _bracket(length, {p[1] for p in by_point})
+    corners = [(b, n) for b in bs for n in ls]
+    if all(c in by_point for c in corners):
+        def share(v, side, values):
+            if len(values) == 1:
+                return 1.0
+            lo, hi = values
+            f = log(v / lo) / log(hi / lo)
+            return f if side == hi else 1.0 - f
+
+        return {(b, n): share(batch, b, bs) * share(length, n, ls) for b, n in corners}
+
+    def dist(p):
+        return (log(batch / p[0]) ** 2 + log(length / p[1]) ** 2, p)
+
+    return {p: 1.0 / dist(p)[0] for p in sorted(by_point, key=dist)[:NEIGHBOURS]}
 
 
 def place(rows, op, hints, band=1.0):
@@ -105,20 +144,20 @@ def place(rows, op, hints, band=1.0):
     heads = (rows[0][0], rows[0][1])
     by_point = {(r[2], r[3]): r for r in rows}
     batch, length = point
-    if batch is None or length is None or point in by_point:  # one axis, or a timed point: that point's order
+    if point in by_point:  # a timed point: its own order
+        r = by_point[point]
+        return Placement(heads, batch, length, (point,), True, r[5], r[4])
+    if batch is None or length is None:  # one axis hinted: the timed point nearest on it
         near = nearest_point(sorted(by_point), batch, length)
         r = by_point[near]
-        return Placement(heads, near[0], near[1], (near,), True, r[5], r[4])
-
-    def dist(p):
-        return (log(batch / p[0]) ** 2 + log(length / p[1]) ** 2, p)
-
-    near = sorted(by_point, key=dist)[:NEIGHBOURS]
-    weights = {p: 1.0 / dist(p)[0] for p in near}
-    timed = [dict(by_point[p][5]) for p in near]
-    common = set(timed[0]).intersection(*timed[1:])  # a backend missing at a neighbour is not interpolated
-    total = sum(weights.values())
-    est = {b: exp(sum(weights[p] * log(t[b]) for p, t in zip(near, timed, strict=True)) / total) for b in common}
+        return Placement(heads, near[0], near[1], (near,), False, r[5], r[4])
+    weights = {p: w for p, w in _weights(by_point, batch, length).items() if w > 0}
+    timed = {p: dict(by_point[p][5]) for p in weights}
+    est = {}
+    for b in sorted(set().union(*timed.values())):
+        at = [p for p in weights if b in timed[p]]  # a backend not timed at a point is placed from the others
+        total = sum(weights[p] for p in at)
+        est[b] = exp(sum(weights[p] * log(timed[p][b]) for p in at) / total)
     order = tuple(sorted(((b, round(ms, 5)) for b, ms in est.items()), key=lambda x: (x[1], x[0])))
     ties = sum(1 for _, ms in order if ms / order[0][1] <= band) if order else 0
-    return Placement(heads, batch, length, tuple(sorted(near)), False, order, ties)
+    return Placement(heads, batch, length, tuple(sorted(weights)), False, order, ties)

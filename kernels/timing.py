@@ -113,9 +113,29 @@ def _host_ms(fn: Callable[[], object], calls: int) -> float:
     return host
 
 
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream() -> torch.cuda.Stream:
+    """One side stream per device for every capture's warm-up: a new stream per capture would give libraries that
+    keep a workspace per (handle, stream), cuBLAS among them, a new workspace each time."""
+    dev = torch.cuda.current_device()
+    if dev not in _SIDE_STREAMS:
+        _SIDE_STREAMS[dev] = torch.cuda.Stream()
+    return _SIDE_STREAMS[dev]
+
+
+def not_captured_note(e: BaseException) -> str:
+    """Why a call could not be captured, in one line: the cause where the capture was invalidated by it (a
+    synchronising call) rather than the capture's own closing error."""
+    cause = e.__context__ if "Invalidated" in str(e) and e.__context__ is not None else e
+    first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+    return f"not captured: {type(cause).__name__}: {first}"[:300]
+
+
 def _capture(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph:
     """`calls` calls of `fn` in one CUDA graph, warmed up on a side stream first as capture requires."""
-    side = torch.cuda.Stream()
+    side = _side_stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn()
@@ -178,7 +198,7 @@ def measure(fn: Callable[[], object], *, device: str, budget_ms: float = 40.0, m
         try:
             graph = _capture(fn, calls)
         except Exception as e:  # noqa: BLE001 - a call that cannot be captured is timed the other way
-            note = f"not captured: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+            note = not_captured_note(e)
             torch.cuda.synchronize()  # a device fault (not a capture refusal) surfaces here and propagates
     try:
         if graph is not None:
@@ -257,7 +277,9 @@ def l2_copies(input_bytes: int, *, cap: int = 16) -> int:
     """How many copies of a call's inputs make each of back-to-back calls find its own inputs out of the L2 cache:
     together they span twice the device's L2 (1 for inputs that large already). At most `cap`: inputs under an
     eighth of the L2 stay partly in it from one turn of the copies to the next."""
-    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) if torch.cuda.is_available() else 0
+    if not torch.cuda.is_available():
+        return 1
+    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
     if not l2 or input_bytes <= 0:
         return 1
     return max(1, min(cap, math.ceil(2 * l2 / input_bytes)))
@@ -269,24 +291,49 @@ def _cycle(fns: Sequence[Callable[[], object]]) -> Callable[[], object]:
     return lambda: next(turn)()
 
 
-def _plan_graph(fns: Sequence[Callable[[], object]], replay_ms: float, max_calls: int) -> tuple:
-    """(GRAPH, graph, calls, None): one call captured and replayed gives its GPU time, which sets how many calls
-    the timed graph holds (a replay of about `replay_ms`: long against the events' resolution), taking the
-    copies in `fns` in turn."""
-    one = _capture(fns[0], 1)
-    best = math.inf
-    for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        one.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end))
-    calls = max(1, min(max_calls, math.ceil(replay_ms / max(best, 1e-4))))
+@dataclass
+class _Plan:
+    """How one function is timed in turns: its CUDA graph of `calls` calls, or (no graph) back-to-back launches
+    behind a spin kernel sized by `host_ms`, the host's time per call."""
+
+    calls: int
+    graph: torch.cuda.CUDAGraph | None = None
+    host_ms: float = 0.0
+    note: str | None = None
+
+    @property
+    def method(self) -> str:
+        return GRAPH if self.graph is not None else LAUNCHES
+
+
+def _gpu_ms(run: Callable[[], object]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _calls_for(ms: float, replay_ms: float, max_calls: int) -> int:
+    return max(1, min(max_calls, math.ceil(replay_ms / max(ms, 1e-4))))
+
+
+def _plan(fns: Sequence[Callable[[], object]], replay_ms: float, max_calls: int) -> _Plan:
+    """One call captured and replayed gives its GPU time, which sets how many calls the timed graph holds (a
+    replay of about `replay_ms`: long against the events' resolution), taking the copies in `fns` in turn. A
+    call that cannot be captured is sized by one launch's GPU time (its launch gap included)."""
+    try:
+        one = _capture(fns[0], 1)
+    except Exception as e:  # noqa: BLE001 - a call that cannot be captured is timed the other way
+        torch.cuda.synchronize()  # a device fault (not a capture refusal) surfaces here and propagates
+        return _Plan(_calls_for(_gpu_ms(fns[0]), replay_ms, max_calls), host_ms=_host_ms(fns[0], 3),
+                     note=not_captured_note(e))
+    calls = _calls_for(min(_gpu_ms(one.replay) for _ in range(3)), replay_ms, max_calls)
     if calls == 1:
-        return GRAPH, one, 1, None
+        return _Plan(1, one)
     del one
-    return GRAPH, _capture(_cycle(fns), calls), calls, None
+    return _Plan(calls, _capture(_cycle(fns), calls))
 
 
 def measure_interleaved(fns: dict[str, Callable[[], object] | Sequence[Callable[[], object]]], *, device: str,
@@ -314,41 +361,34 @@ def measure_interleaved(fns: dict[str, Callable[[], object] | Sequence[Callable[
                 out[n].append((time.perf_counter() - t0) * 1e3)
         return {n: Interleaved(v, WALL, 1) for n, v in out.items()}
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    plans: dict[str, tuple] = {}
+    plans: dict[str, _Plan] = {}
     try:
         for n in names:
             for fn in fns[n]:
                 fn()
             torch.cuda.synchronize()
-            try:
-                plans[n] = _plan_graph(fns[n], replay_ms, max_calls)
-            except Exception as e:  # noqa: BLE001 - a call that cannot be captured is timed the other way
-                torch.cuda.synchronize()  # a device fault (not a capture refusal) surfaces here and propagates
-                note = f"not captured: {type(e).__name__}: {str(e).strip()[:200]}"
-                host = _host_ms(fns[n][0], 3)
-                calls = max(1, min(max_calls, math.ceil(replay_ms / max(host, 1e-4))))
-                plans[n] = (LAUNCHES, host, calls, note)
+            plans[n] = _plan(fns[n], replay_ms, max_calls)
         times: dict[str, list[float]] = {n: [] for n in names}
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             events = []
             for n in order:
-                method, obj, calls, _ = plans[n]
-                if method == LAUNCHES:
+                plan = plans[n]
+                if plan.graph is None:
                     torch.cuda.synchronize()
-                    ms, _ = _time_launches(_cycle(fns[n]), flush, calls, obj, 0.0, 1, 1)
+                    ms, _ = _time_launches(_cycle(fns[n]), flush, plan.calls, plan.host_ms, 0.0, 1, 1)
                     times[n].append(ms)
                     continue
                 flush.zero_()
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()
-                obj.replay()
+                plan.graph.replay()
                 e.record()
-                events.append((n, s, e, calls))
+                events.append((n, s, e, plan.calls))
             torch.cuda.synchronize()
             for n, s, e, calls in events:
                 times[n].append(s.elapsed_time(e) / calls)
-        return {n: Interleaved(times[n], plans[n][0], plans[n][2], plans[n][3]) for n in names}
+        return {n: Interleaved(times[n], plans[n].method, plans[n].calls, plans[n].note) for n in names}
     finally:
         plans.clear()
         del flush

@@ -150,10 +150,11 @@ def test_workload_hints_rank_by_the_timings_at_the_hinted_shape_and_leave_the_pl
     # context wins for vllm_fa3 although (8, 1024), the nearest point on the batch axis, says fa2
     between = hinted(num_heads=32, num_kv_heads=8, batch_size=10, context_len=6000)
     assert between[:2] == ["vllm_fa3", "fa2"]
-    # fa4 was timed at one of the four points only: it is not interpolated (it keeps its place after the timed ones)
+    # fa4 was timed at one of the four corners only: it is placed from that one (0.505 ms), after the others
     placed = eng.workload_order("sm_90", "decode", "bfloat16", 128, 128, ("causal", "gqa"),
                                 {"num_heads": 32, "num_kv_heads": 8, "batch_size": 10, "context_len": 6000})
-    assert [b for b, _ in placed.order] == ["vllm_fa3", "fa2"] and not placed.exact and len(placed.points) == 4
+    assert [b for b, _ in placed.order] == ["vllm_fa3", "fa2", "fa4"] and dict(placed.order)["fa4"] == 0.505
+    assert not placed.exact and placed.points == ((8, 1024), (8, 8192), (128, 1024), (128, 8192))
     # head counts pick the layer: 8 query heads over 1 KV head is the other timed layer
     tp8 = hinted(num_heads=8, num_kv_heads=1, batch_size=8, context_len=1024)
     assert tp8[:2] == ["fa4", "fa2"]
@@ -172,6 +173,25 @@ def test_a_placement_between_points_interpolates_in_log_space():
     assert "interpolated from the timed points (batch x length) 1x100, 1x10000" in p.basis()
     assert place(rows, "prefill", {"batch_size": 1, "seq_len": 100}).exact
     assert place(rows, "prefill", {"num_heads": 4}) is None  # no shape hinted
+    # prefill's num_tokens says nothing about the batch without seq_len: 8192 tokens may be one sequence or 64
+    assert place(rows, "prefill", {"num_tokens": 8192}) is None
+    assert place(rows, "prefill", {"num_tokens": 2000, "seq_len": 1000}).batch == 2
+    one_axis = place(rows, "prefill", {"seq_len": 9000})
+    assert (one_axis.batch, one_axis.length, one_axis.exact) == (1, 10000, False)
+    assert "the timed point nearest on the hinted axis" in one_axis.basis()
+
+
+def test_between_grid_values_the_bracketing_points_are_interpolated_and_on_a_grid_line_its_two_points():
+    from attnmatrix.selector_workloads import place
+
+    grid = [(b, n) for b in (1, 4, 16, 64) for n in (512, 2048)]
+    rows = tuple((8, 1, b, n, 1, (("x", float(b * n)),)) for b, n in grid)
+    # batch 16 is a grid value: only (16, 512) and (16, 2048) place it, not the nearer-looking batch-4 points
+    on_line = place(rows, "decode", {"batch_size": 16, "context_len": 1024})
+    assert on_line.points == ((16, 512), (16, 2048)) and dict(on_line.order)["x"] == pytest.approx(16 * 1024)
+    inside = place(rows, "decode", {"batch_size": 8, "context_len": 1024})
+    assert inside.points == ((4, 512), (4, 2048), (16, 512), (16, 2048))
+    assert dict(inside.order)["x"] == pytest.approx(8 * 1024)  # log-bilinear is exact for a product of powers
 
 
 def test_explain_says_composed_and_which_timings_placed_a_backend():

@@ -24,7 +24,8 @@ from .common import UsageError, count_callback, refuse_conflicts
 HINT_HELP: dict[str, str] = {
     "num_heads": "query heads of the layer (on one GPU)",
     "num_kv_heads": "KV heads of the layer (on one GPU); fewer than --num-heads is grouped-query attention (--gqa)",
-    "num_tokens": "tokens in the batch, standing for the batch where --batch-size is not given",
+    "num_tokens": "tokens in the batch, standing for the batch where --batch-size is not given (decode: one per "
+                  "sequence; prefill: with --seq-len)",
     "batch_size": "sequences in the batch",
     "seq_len": "tokens per sequence (prefill, mla_prefill)",
     "context_len": "tokens in each sequence's KV cache (decode)",
@@ -112,7 +113,8 @@ def hints_line(hints: dict[str, int], placed: bool) -> str:
         return (f"workload hints {given}: the supported backends are ordered by their timings at that shape (a timed "
                 "bucket's, or interpolated from the buckets around it); each says its time there")
     return (f"workload hints {given}: no workload bucket applies (none was timed for this cell, or the hints give "
-            "neither a batch nor a length): the order is the one without hints")
+            "neither a batch nor a length; prefill's --num-tokens counts sequences only beside --seq-len): the order "
+            "is the one without hints")
 
 
 def add_hints(result: dict, hints: dict[str, int], notes: dict[str, str] | None) -> None:
