@@ -7,17 +7,18 @@
 each backend once on a small problem with the layer's head counts against the reference
 (kernels/reference.py), then times the backends that passed at the op's bucket points (matrix/workloads.py
 BUCKETS) and at held-out points (HELD_OUT). At each point every backend runs on the same inputs and they take
-turns (kernels/timing.py `measure_interleaved`: GPU time per call from a CUDA graph, the L2 flushed before each
-replay, `--rounds` rounds each starting from the next backend), so a drift of the GPU's clocks over the sweep
-falls on all of them alike. Give `--backends` every backend to compare in one process: backends timed in
-separate processes are not compared under the same conditions. The medians of the even and of the odd rounds
+turns (kernels/interleaved_timing.py `measure_interleaved`: GPU time per call from a CUDA graph, the L2 flushed
+before each replay, `--rounds` rounds each starting from the next backend), so a drift of the GPU's clocks over
+the sweep falls on all of them alike. Give `--backends` every backend to compare in one process: backends timed
+in separate processes are not compared under the same conditions. The medians of the even and of the odd rounds
 are two independent readings of one figure; their ratio is the measurement noise (`workloads.noise`), and
-backends within its p90 of the fastest tie.
+backends within its p90 of the fastest tie. A killed sweep resumes after its last finished workload (`done`
+lines); a workload it was in the middle of is timed again from its start, and the last reading of a point counts.
 
 FA4's CuTe DSL compiles a kernel on its first call at each new configuration. `--warm-only` (with
-`FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`) makes every call once, times nothing and writes nothing: run it in
-parallel shards first, and the timing process loads the compiled kernels from the cache instead of compiling
-between its measurements.
+`FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`) makes every call once, times nothing and writes nothing (no `-o`):
+run it in parallel shards first, and the timing process loads the compiled kernels from the cache instead of
+compiling between its measurements.
 
 vLLM's FlashAttention builds (vllm_fa2, vllm_fa3, vllm_fa4) are timed through vLLM's call: varlen queries,
 the KV cache through `block_table` + `seqused_k` with vLLM's default kernel block size 16
@@ -181,10 +182,10 @@ def sweep(args: argparse.Namespace) -> int:
 
 def copies_of(case, shape, device: str) -> list:
     """The problem at `shape`, in as many copies (seeds 1, 2, ...) as make back-to-back calls each find their
-    inputs out of the L2 cache (kernels/timing.py `l2_copies`): an engine calls a layer's attention on that
+    inputs out of the L2 cache (kernels/interleaved_timing.py `l2_copies`): an engine calls a layer's attention on that
     layer's own cache, not on what the call before left in L2."""
+    from attnmatrix.kernels.interleaved_timing import l2_copies
     from attnmatrix.kernels.problem import make_problem
-    from attnmatrix.kernels.timing import l2_copies
 
     first = make_problem(case, shape, device=device, seed=1, draw_on_device=True)
     n = l2_copies(sum(t.numel() * t.element_size() for t in (first.q, first.k, first.v))) if device == "cuda" else 1
@@ -198,8 +199,8 @@ def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str],
     from dataclasses import replace
 
     import torch
+    from attnmatrix.kernels.interleaved_timing import measure_interleaved
     from attnmatrix.kernels.probe import _message, device_fault
-    from attnmatrix.kernels.timing import measure_interleaved
 
     passed = {}
     for name, backend in backends.items():
@@ -313,6 +314,7 @@ def analyse(rows: list[dict], order=None) -> dict:
                      lost_us=round((here[pick] - fastest) * 1e3, 2) if pick else None, fastest_ms=fastest)
             queries.append(q)
     regrets = [q["regret"] for q in queries if q.get("regret")]
+    over = [q for q in queries if (q.get("regret") or 0) > 1.10]
     plain = [q["regret_without_hints"] for q in queries if q.get("regret_without_hints")]
     return {
         "noise": {**spread,
@@ -322,10 +324,11 @@ def analyse(rows: list[dict], order=None) -> dict:
         "regret": {"queries": len(regrets), "geomean": _r(geomean(regrets)), "max": max(regrets, default=None),
                    "first_choice_fastest": sum(1 for x in regrets if x == 1.0),
                    "within_noise": sum(1 for x in regrets if x <= band),
-                   "over_1.10": sum(1 for x in regrets if x > 1.10),
+                   "unanswered": sum(1 for q in queries if q.get("pick") is None),
+                   "over_1.10": len(over),
                    "max_lost_us": max((q["lost_us"] for q in queries if q.get("lost_us") is not None), default=None),
-                   "slowest_fastest_ms_over_1.10": max((q["fastest_ms"] for q in queries
-                                                         if (q.get("regret") or 0) > 1.10), default=None)},
+                   "max_lost_us_over_1.10": max((q["lost_us"] for q in over), default=None),
+                   "slowest_fastest_ms_over_1.10": max((q["fastest_ms"] for q in over), default=None)},
         "regret_without_hints": {"queries": len(plain), "geomean": _r(geomean(plain)), "max": max(plain, default=None)},
         "checks": {f"{b} {ly} {op}": r["outcome"] + (f": {r['reason']}" if r.get("reason") else "")
                    for (b, ly, op), r in sorted(checks.items())},
@@ -344,6 +347,7 @@ def selector_orders(rows: list[dict]):
     from attnmatrix.matrix.cases import Case
 
     from attnmatrix import selector
+    from attnmatrix.vocabulary import query_params_of
 
     layers = {}
     for r in rows:
@@ -352,26 +356,22 @@ def selector_orders(rows: list[dict]):
 
     def order(layer: str, op: str, batch: int | None = None, length: int | None = None) -> list[str]:
         c, hq, hkv = layers[(layer, op)]
-        flags: dict = {"causal": False}
-        for tok in c.features:
-            name, _, arg = tok.partition(":")
-            if name == "qk_rope":
-                flags[name] = int(arg)
-            elif name != "paged_kv":  # the vLLM profile's cache, not a feature of the layer
-                flags[name] = True
+        params = query_params_of(c.features)
+        params.pop("page_size", None)  # the vLLM profile's cache, not a feature of the layer
         if length is not None:
-            flags.update(num_heads=hq, num_kv_heads=hkv, batch_size=batch,
-                         **{W.LENGTH_NAME[op]: length})
+            params.update(num_heads=hq, num_kv_heads=hkv, batch_size=batch, **{W.LENGTH_NAME[op]: length})
         major, minor = int(c.arch[3:-1]), int(c.arch[-1])
-        return selector.select_backends((major, minor), c.head_dim, c.head_dim_v, op=op, dtype=c.dtype, **flags)
+        return selector.select_backends((major, minor), c.head_dim, c.head_dim_v, op=op, dtype=c.dtype, **params)
 
     return order
 
 
 def report(args: argparse.Namespace) -> int:
-    rows = expand(W.load_rows([Path(f) for f in args.files] if args.files else None))
+    files = [Path(f) for f in args.files] if args.files else sorted(W.WORKLOADS_DIR.glob("*.jsonl"))
+    rows = expand(W.load_rows(files))
     result = analyse(rows, selector_orders(rows))
-    result["files"] = [str(Path(p)) for p in args.files]
+    result["files"] = [str(f.resolve().relative_to(ROOT)) if f.resolve().is_relative_to(ROOT) else str(f)
+                       for f in files]
     text = json.dumps(result, indent=1, sort_keys=True) + "\n"
     if args.output:
         tmp = Path(args.output).with_suffix(".tmp")
@@ -381,11 +381,12 @@ def report(args: argparse.Namespace) -> int:
     n = s["noise"]
     print(f"measurement noise (even vs odd rounds): median {n['median']:.3f}, p90 {n['p90']:.3f}, max {n['max']:.3f} "
           f"({s['noise']['points']} points)")
-    print(f"regret, selector with workload hints: geomean {s['regret']['geomean']}, max {s['regret']['max']} over "
-          f"{s['regret']['queries']} held-out queries ({s['regret']['first_choice_fastest']} fastest, "
-          f"{s['regret']['within_noise']} within noise; {s['regret']['over_1.10']} over 1.10, where the fastest took "
-          f"at most {s['regret']['slowest_fastest_ms_over_1.10']} ms; at most {s['regret']['max_lost_us']} us lost "
-          "per call)")
+    g = s["regret"]
+    print(f"regret, selector with workload hints: geomean {g['geomean']}, max {g['max']} over {g['queries']} "
+          f"held-out queries ({g['unanswered']} unanswered; {g['first_choice_fastest']} fastest, {g['within_noise']} "
+          f"within noise; {g['over_1.10']} over 1.10, where the fastest took at most "
+          f"{g['slowest_fastest_ms_over_1.10']} ms and at most {g['max_lost_us_over_1.10']} us was lost per call; "
+          f"at most {g['max_lost_us']} us lost per call over all)")
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
           f"max {s['regret_without_hints']['max']}")
     for q in result["queries"]:
@@ -405,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                    "line, same backends) is not timed again, so a killed sweep resumes")
     s.add_argument("--presets", help=f"models file (default matrix/data/{W.DEFAULT_MODELS.name})")
     s.add_argument("--shard", default="0/1", help="i/n: this process takes every n-th workload from i")
-    s.add_argument("--rounds", type=int, default=6, help="rounds of turns per point (each backend once per round)")
+    s.add_argument("--rounds", type=int, default=6,
+                   help="rounds of turns per point, at least 2 (each backend once per round)")
     s.add_argument("--warm-only", action="store_true",
                    help="check and call every backend at every point without timing: fills FA4's kernel cache "
                         "(FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1) from parallel shards before one process times")
@@ -413,8 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("files", nargs="*", help="sweep files (default: the committed ones, matrix/data/workloads)")
     r.add_argument("-o", "--output")
     args = ap.parse_args(argv)
-    if args.cmd == "sweep" and not args.output and not args.warm_only:
-        ap.error("sweep: -o/--output is required (except with --warm-only)")
+    if args.cmd == "sweep" and bool(args.output) == bool(args.warm_only):
+        ap.error("sweep: -o/--output is required, except with --warm-only, which times and writes nothing")
+    if args.cmd == "sweep" and args.rounds < 2:
+        ap.error("sweep: --rounds must be at least 2 (the even and the odd rounds are the noise's two readings)")
     return sweep(args) if args.cmd == "sweep" else report(args)
 
 

@@ -196,7 +196,7 @@ def probe_case(case: Case, config: ProbeConfig, base_provenance: dict | None = N
                 if device_fault(e):  # a fault is no refusal: the kernel broke at this size, and the context with it
                     return rec("crash", reason=f"kernel fault at timed shape {shape.name} (the check shape passed): "
                                + _message(e), error=err, entry=entry,
-                               extra={"device_fault": True, "seconds": seconds})
+                               extra={"device_fault": True, "seconds": seconds, **ran})
                 untimed[shape.name] = _message(e, 300)
                 if device == "cuda":
                     torch.cuda.empty_cache()

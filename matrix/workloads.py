@@ -27,10 +27,11 @@ from attnmatrix.vocabulary import features_of
 from .models import call_params, layer_ops
 
 # (batch, length): prefill length = tokens per sequence (query = key length); decode length = context.
-# A factor of 4 between neighbours on each axis, so a query is never more than a factor of 2 from a bucket on
-# either axis, from one short chat prefill to a 16k-token document and from one decoding sequence to 256. The
-# points whose work would dwarf what one engine step holds are left out (prefill: over 64k tokens; decode:
-# over 1M cached tokens), which also keeps a full sm_90 sweep of the installed backends inside 10 minutes.
+# A factor of 4 between neighbours on each axis, from one short chat prefill to a 16k-token document and from one
+# decoding sequence to 256, so inside the grid a query is at most a factor of 2 from a bucket on either axis. The
+# points whose work would dwarf one engine step are left out (prefill: over 64k tokens; decode: over 1M cached
+# tokens); a query there is placed from the timed points around it. A full sm_90 sweep of 7 backends over the
+# presets takes about 3 minutes of an H200 (benchmarks/results/README.md).
 _PREFILL = tuple((b, s) for b in (1, 4, 16, 64) for s in (256, 1024, 4096, 16384) if b * s <= 65536)
 _DECODE = tuple((b, c) for b in (1, 4, 16, 64, 256) for c in (512, 2048, 8192, 32768) if b * c <= 2**20)
 BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_prefill": _PREFILL, "decode": _DECODE}

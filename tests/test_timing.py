@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from attnmatrix.kernels import timing
+from attnmatrix.kernels import interleaved_timing, timing
 from attnmatrix.kernels.probe import ProbeConfig, probe_case
 from attnmatrix.kernels.timing import GRAPH, LAUNCHES, WALL, Peak, find_peak, measure
 from attnmatrix.matrix.cases import Case
@@ -136,7 +136,8 @@ def test_kernels_timed_in_turns_agree_with_do_bench_and_with_each_other():
     is the work's, and the two halves of the rounds agree within a few percent."""
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    got = timing.measure_interleaved({"small": lambda: a @ a, "big": lambda: b @ b}, device="cuda", rounds=6)
+    got = interleaved_timing.measure_interleaved({"small": lambda: a @ a, "big": lambda: b @ b}, device="cuda",
+                                                 rounds=6)
     assert {m.method for m in got.values()} == {GRAPH} and all(len(m.rounds_ms) == 6 for m in got.values())
     assert 0.85 <= got["small"].ms / _do_bench(lambda: a @ a) <= 1.15
     assert 0.85 <= got["big"].ms / _do_bench(lambda: b @ b) <= 1.15
@@ -152,10 +153,11 @@ def test_copies_of_small_inputs_keep_each_call_out_of_l2():
     each call reads from memory, and is slower (1.4x on an H200)."""
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     size = 16 * 2**20
-    assert l2 > size and timing.l2_copies(size) == min(16, -(-2 * l2 // size)) > 1
-    bufs = [torch.randn(size // 2, device="cuda", dtype=torch.bfloat16) for _ in range(timing.l2_copies(size))]
+    assert l2 > size and interleaved_timing.l2_copies(size) == min(16, -(-2 * l2 // size)) > 1
+    copies = interleaved_timing.l2_copies(size)
+    bufs = [torch.randn(size // 2, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     fns = [(lambda t=t: t * 2) for t in bufs]
-    got = timing.measure_interleaved({"one": fns[0], "copies": fns}, device="cuda", rounds=6)
+    got = interleaved_timing.measure_interleaved({"one": fns[0], "copies": fns}, device="cuda", rounds=6)
     assert got["copies"].ms > 1.2 * got["one"].ms, got
 
 

@@ -208,7 +208,8 @@ def test_explain_says_composed_and_which_timings_placed_a_backend():
 def test_interleaved_timing_takes_turns_and_tells_a_slower_kernel_apart():
     import time
 
-    from attnmatrix.kernels.timing import WALL, measure_interleaved
+    from attnmatrix.kernels.interleaved_timing import measure_interleaved
+    from attnmatrix.kernels.timing import WALL
 
     calls = []
 
@@ -232,3 +233,12 @@ def test_point_noise_is_the_spread_of_the_even_and_odd_rounds():
     assert W.point_noise({"rounds": [1.0]}) is None
     rows = [{"set": "bucket", "outcome": "pass", "rounds": [1.0, 1.0 + i / 100, 1.0, 1.0 + i / 100]} for i in range(10)]
     assert W.noise(rows) == {"points": 10, "median": 1.05, "p90": 1.09, "max": 1.09}
+
+
+@pytest.mark.parametrize("args", [["--warm-only", "-o", "run.jsonl"], [], ["-o", "run.jsonl", "--rounds", "1"]])
+def test_sweep_refuses_an_output_with_warm_only_none_without_it_and_fewer_than_two_rounds(args, tmp_path, capsys):
+    args = [str(tmp_path / a) if a.endswith(".jsonl") else a for a in args]
+    with pytest.raises(SystemExit) as e:
+        _regret().main(["sweep", "--backends", "sdpa_cpu", *args])
+    assert e.value.code == 2 and "sweep:" in capsys.readouterr().err
+    assert not (tmp_path / "run.jsonl").exists()
