@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnmatrix.matrix import backends as backends_loader
 from attnmatrix.matrix.cases import DTYPES, FEATURE_SETS, OPS
 from attnmatrix.matrix.records import OUTCOMES, TIERS
 from attnmatrix.matrix.storage import Problem
@@ -50,6 +51,7 @@ def examples(n: int) -> int:
     return n * SCALE
 
 KNOWN_BACKENDS = ["fa2", "fa3", "fa4", "sdpa_cudnn", "sdpa_flash", "trtllm_ragged"]
+BACKENDS = backends_loader.backends()  # what backends.json declares about each (page_table, ...)
 # Backends whose API takes a page table: any of FEATURE_SETS may be a valid pass for them.
 PAGED_BACKENDS = ["fa2", "fa3", "fa4", "trtllm_context", "flashinfer"]
 UNKNOWN_BACKENDS = ["zz_unknown", "fa9", "vendor_kernel"]  # well formed, but not in backends.json
@@ -138,10 +140,14 @@ def valid_records(draw, *, backends=tuple(KNOWN_BACKENDS), uid: str | None = Non
     tier = draw(st.sampled_from(["validated", "validated", "compiled"]))
     hd = draw(st.sampled_from(GOOD_HEAD_DIMS))
     op = draw(st.sampled_from(["prefill", "decode"]))
-    case = {"arch": draw(st.sampled_from(ARCHS)), "backend": draw(st.sampled_from(backends)), "op": op,
+    backend = draw(st.sampled_from(backends))
+    # A backend whose entry point takes no block table has no paged KV cell (matrix/audit.py check_page_table).
+    paged_ok = backend not in BACKENDS or BACKENDS[backend].meta.get("page_table", True)
+    sets = [fs for fs in FEATURE_SETS if paged_ok or not any(t.startswith("paged_kv") for t in fs)]
+    case = {"arch": draw(st.sampled_from(ARCHS)), "backend": backend, "op": op,
             "dtype": draw(st.sampled_from(DTYPES)), "head_dim": hd,
             "head_dim_v": draw(st.sampled_from([hd, 128])),
-            "features": list(draw(st.sampled_from(FEATURE_SETS)))}
+            "features": list(draw(st.sampled_from(sets)))}
     if tier == "validated":
         outcome = draw(st.sampled_from(["pass", "wrong", "rejected", "crash", "timeout"]))
         prov = {"device": draw(st.sampled_from(["NVIDIA H200", "NVIDIA B200 ünïcode"])), "torch": "2.11.0",

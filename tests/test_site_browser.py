@@ -69,6 +69,7 @@ def site(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("site-copy")
     shutil.copy(REPO / "mkdocs.yml", root / "mkdocs.yml")
+    shutil.copy(REPO / "CHANGELOG.md", root / "CHANGELOG.md")  # the project changelog page includes it
     shutil.copytree(REPO / "docs-examples", root / "docs-examples")
     shutil.copytree(REPO / "docs-hooks", root / "docs-hooks", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "site", root / "site", ignore=lambda d, names: [
