@@ -90,19 +90,19 @@ def shape_for(layer: Layer, op: str, batch: int, length: int, name: str | None =
 
 
 def _check(backend, case, layer: Layer, op: str) -> tuple[str, str | None, str | None]:
-    """(outcome, reason, entry) of the backend on a small problem with the layer's head counts."""
+    """(outcome, reason, entry) of the backend on the matrix's validation shape of the op (its window cuts most
+    of a row) with the layer's head counts, and the layer's window where that is narrower still."""
+    from dataclasses import replace
+
     import torch
     from attnmatrix.kernels.probe import _message, _raised_by_library, device_fault
     from attnmatrix.kernels.problem import Unsupported, make_problem
     from attnmatrix.kernels.reference import compare, reference_attention
+    from attnmatrix.matrix.shapes import VALIDATION_SHAPES
 
-    if op == "decode":
-        shape = shape_for(layer, op, 4, 700, "val")
-    else:
-        shape = shape_for(layer, op, 2, 300, "val")
-    # A window that cuts most of a row, as the matrix's validation shapes have (kernels/problem.py).
-    from dataclasses import replace
-    shape = replace(shape, window=min(shape.window, 64 if op != "decode" else 192))
+    val = VALIDATION_SHAPES[op]
+    shape = replace(val, heads_q=layer.heads_q, heads_kv=layer.heads_kv,
+                    window=min(val.window, layer.window or val.window))
     p = make_problem(case, shape, device=backend.device, seed=0)
     entry = backend.entry(case)
     try:
