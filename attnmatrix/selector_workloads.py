@@ -26,6 +26,8 @@ from math import exp, log
 # (batch_size, seq_len), decode's (batch_size, context_len); num_tokens stands for the batch where it is not
 # given (prefill: num_tokens // seq_len sequences, so only beside seq_len; decode: one token per sequence).
 WORKLOAD_HINTS = ("num_heads", "num_kv_heads", "num_tokens", "batch_size", "seq_len", "context_len")
+# The length hint of each op's point.
+LENGTH_HINT = {"prefill": "seq_len", "mla_prefill": "seq_len", "decode": "context_len"}
 # Timed points an interpolated placement draws on where the grid cell around a point is not complete.
 NEIGHBOURS = 4
 # Decode: the one query token at the end of the cache sees the whole cache, so a causal mask changes nothing.
@@ -60,7 +62,7 @@ def hinted_point(op, hints):
     """(batch, length) of the hints for `op` (either may be None), or None when neither is given. Decode's
     num_tokens is its batch (one token per sequence); prefill's stands for batch_size only beside seq_len (8192
     tokens are one long sequence or 64 short ones)."""
-    length = hints.get("context_len" if op == "decode" else "seq_len")
+    length = hints.get(LENGTH_HINT[op])
     batch = hints.get("batch_size")
     if batch is None and hints.get("num_tokens"):
         if op == "decode":

@@ -347,6 +347,7 @@ def selector_orders(rows: list[dict]):
     from attnmatrix.matrix.cases import Case
 
     from attnmatrix import selector
+    from attnmatrix.selector_workloads import LENGTH_HINT
     from attnmatrix.vocabulary import query_params_of
 
     layers = {}
@@ -359,7 +360,7 @@ def selector_orders(rows: list[dict]):
         params = query_params_of(c.features)
         params.pop("page_size", None)  # the vLLM profile's cache, not a feature of the layer
         if length is not None:
-            params.update(num_heads=hq, num_kv_heads=hkv, batch_size=batch, **{W.LENGTH_NAME[op]: length})
+            params.update(num_heads=hq, num_kv_heads=hkv, batch_size=batch, **{LENGTH_HINT[op]: length})
         major, minor = int(c.arch[3:-1]), int(c.arch[-1])
         return selector.select_backends((major, minor), c.head_dim, c.head_dim_v, op=op, dtype=c.dtype, **params)
 

@@ -43,8 +43,6 @@ HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
     "mla_prefill": _PREFILL_HELD_OUT,
     "decode": ((1, 4096), (2, 1024), (8, 16384), (32, 2048), (128, 1024), (24, 3000), (3, 12000)),
 }
-# The length axis's name per op, as the selector's hints spell it.
-LENGTH_NAME = {"prefill": "seq_len", "mla_prefill": "seq_len", "decode": "context_len"}
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 
 

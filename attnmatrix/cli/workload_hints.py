@@ -15,7 +15,7 @@ from collections.abc import Callable
 import click
 
 from attnmatrix.selector_engine import Engine
-from attnmatrix.selector_workloads import WORKLOAD_HINTS
+from attnmatrix.selector_workloads import LENGTH_HINT, WORKLOAD_HINTS
 
 from .common import UsageError, count_callback, refuse_conflicts
 
@@ -33,8 +33,9 @@ HINT_HELP: dict[str, str] = {
 assert set(HINT_HELP) == set(WORKLOAD_HINTS), "every workload hint of the engine has an explain option"
 # The hints a model preset does not supply: its layers give the head counts.
 SHAPE_HINTS: tuple[str, ...] = tuple(h for h in WORKLOAD_HINTS if h not in ("num_heads", "num_kv_heads"))
-# The length hint of each op (the engine's WORKLOAD_HINTS comment): the other length would be silently ignored.
-LENGTH_HINT_OPS: dict[str, tuple[str, ...]] = {"seq_len": ("prefill", "mla_prefill"), "context_len": ("decode",)}
+# The ops each length hint belongs to (the engine's LENGTH_HINT): the other length would be silently ignored.
+LENGTH_HINT_OPS: dict[str, tuple[str, ...]] = {
+    hint: tuple(op for op, h in LENGTH_HINT.items() if h == hint) for hint in sorted(set(LENGTH_HINT.values()))}
 
 
 def flag(hint: str) -> str:
