@@ -208,7 +208,3 @@ def load_presets(path: str | Path | None = None) -> list[Layer]:
                              head_dim_v=ly.head_dim_v, window=ly.sliding_window, softcap=ly.softcap,
                              sinks=ly.sinks, qk_rope=ly.qk_rope_head_dim, source=m.source))
     return out
-
-
-def workload_points(op: str, held_out: bool = False) -> tuple[tuple[int, int], ...]:
-    return (HELD_OUT if held_out else BUCKETS)[op]
