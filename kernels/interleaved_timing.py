@@ -33,10 +33,6 @@ class Interleaved:
     def ms(self) -> float:
         return statistics.median(self.rounds_ms)
 
-    def halves(self) -> tuple[float, float]:
-        """Medians of the even and of the odd rounds: two independent readings of the same figure."""
-        return statistics.median(self.rounds_ms[0::2]), statistics.median(self.rounds_ms[1::2])
-
 
 def l2_copies(input_bytes: int, *, cap: int = 16) -> int:
     """How many copies of a call's inputs make each of back-to-back calls find its own inputs out of the L2 cache:

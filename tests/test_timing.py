@@ -16,6 +16,7 @@ from attnmatrix.kernels.timing import GRAPH, LAUNCHES, WALL, Peak, find_peak, me
 from attnmatrix.matrix.cases import Case
 from attnmatrix.matrix.policy import resolve_cell
 from attnmatrix.matrix.records import TIMING_METHODS, RecordError, parse_record
+from attnmatrix.matrix.workloads import point_noise
 
 
 def test_the_record_and_the_timer_name_the_same_methods():
@@ -142,9 +143,8 @@ def test_kernels_timed_in_turns_agree_with_do_bench_and_with_each_other():
     assert 0.85 <= got["small"].ms / _do_bench(lambda: a @ a) <= 1.15
     assert 0.85 <= got["big"].ms / _do_bench(lambda: b @ b) <= 1.15
     assert 6 <= got["big"].ms / got["small"].ms <= 10
-    for m in got.values():
-        x, y = m.halves()
-        assert max(x, y) / min(x, y) < 1.05
+    for m in got.values():  # the noise of the sweep's rows: even vs odd rounds
+        assert point_noise({"rounds": m.rounds_ms}) < 1.05
 
 
 @pytest.mark.gpu
