@@ -109,7 +109,7 @@ class Placement:
                 f"interpolated from the timed points (batch x length) {near}")
 
 
-def _bracket(v, values):
+def bracket(v, values):
     """The grid values on either side of `v` (one value where `v` is one, or beyond the grid)."""
     lo = max((x for x in values if x <= v), default=None)
     hi = min((x for x in values if x >= v), default=None)
@@ -119,7 +119,7 @@ def _bracket(v, values):
 def _weights(by_point, batch, length):
     """Timed point -> interpolation weight for (batch, length): bilinear in log space over the bracketing grid
     points where all of them were timed, else 1 / squared log distance over the NEIGHBOURS nearest."""
-    bs, ls = _bracket(batch, {p[0] for p in by_point}), _bracket(length, {p[1] for p in by_point})
+    bs, ls = bracket(batch, {p[0] for p in by_point}), bracket(length, {p[1] for p in by_point})
     corners = [(b, n) for b in bs for n in ls]
     if all(c in by_point for c in corners):
         def share(v, side, values):

@@ -312,10 +312,17 @@ def analyse(rows: list[dict], order=None) -> dict:
                 pick = next((b for b, _ in rk["order"] if b in here), None) if rk else None
             q.update(pick=pick, regret=round(here[pick] / fastest, 4) if pick else None,
                      lost_us=round((here[pick] - fastest) * 1e3, 2) if pick else None, fastest_ms=fastest)
+            # The floor for any rule that reads the grid: the best of the backends fastest at a bucket point around
+            # the query, measured here. Above 1 where the kernels' order at the query is one no grid point shows.
+            near = [{k[0]: t for k, t in times.items() if k[1:] == (layer, op, "bucket", *p)}
+                    for p in W.around(op, batch, length)]
+            winners = {min(at, key=at.get) for at in near if at} & set(here)
+            q["grid_bound"] = round(min(here[b] for b in winners) / fastest, 4) if winners else None
             queries.append(q)
     regrets = [q["regret"] for q in queries if q.get("regret")]
     over = [q for q in queries if (q.get("regret") or 0) > 1.10]
     plain = [q["regret_without_hints"] for q in queries if q.get("regret_without_hints")]
+    bound = [q["grid_bound"] for q in queries if q.get("grid_bound")]
     return {
         "noise": {**spread,
                   "what": "slower/faster of the medians of the even and of the odd rounds of one backend at one "
@@ -330,6 +337,11 @@ def analyse(rows: list[dict], order=None) -> dict:
                    "max_lost_us_over_1.10": max((q["lost_us"] for q in over), default=None),
                    "slowest_fastest_ms_over_1.10": max((q["fastest_ms"] for q in over), default=None)},
         "regret_without_hints": {"queries": len(plain), "geomean": _r(geomean(plain)), "max": max(plain, default=None)},
+        "grid_bound": {"queries": len(bound), "geomean": _r(geomean(bound)), "max": max(bound, default=None),
+                       "over_1.10": sum(1 for x in bound if x > 1.10),
+                       "what": "per held-out query, the regret of the best of the backends that are fastest at one of "
+                               "the bucket points around it (workloads.around): no rule that picks a backend the "
+                               "grid shows winning nearby does better"},
         "checks": {f"{b} {ly} {op}": r["outcome"] + (f": {r['reason']}" if r.get("reason") else "")
                    for (b, ly, op), r in sorted(checks.items())},
         "rankings": rankings,
@@ -390,11 +402,14 @@ def report(args: argparse.Namespace) -> int:
           f"at most {g['max_lost_us']} us lost per call over all)")
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
           f"max {s['regret_without_hints']['max']}")
+    b = s["grid_bound"]
+    print(f"floor for any rule reading the grid (the best of the backends fastest at a bucket point around each "
+          f"query): geomean {b['geomean']}, max {b['max']} ({b['over_1.10']} over 1.10)")
     for q in result["queries"]:
         print(f"  {q['layer']:24} {q['op']:11} {q['shape']:12} bucket {q['bucket']:12} pick {q.get('pick')!s:14} "
               f"regret {q.get('regret')!s:7} ({q.get('lost_us')!s:>6} us) fastest {q['fastest']:14} "
               f"no-hints {q.get('pick_without_hints')!s:14} "
-              f"{q.get('regret_without_hints')}")
+              f"{q.get('regret_without_hints')!s:7} floor {q.get('grid_bound')}")
     return 0
 
 

@@ -16,32 +16,42 @@ the one reader of that file): one entry per model with its layer types, each cit
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-from attnmatrix.selector_workloads import nearest_point, timed_features, workload_features
+from attnmatrix.selector_workloads import bracket, nearest_point, timed_features, workload_features
 from attnmatrix.vocabulary import features_of
 
 from .models import call_params, layer_ops
 
 # (batch, length): prefill length = tokens per sequence (query = key length); decode length = context.
-# A factor of 4 between neighbours on each axis, from one short chat prefill to a 16k-token document and from one
-# decoding sequence to 256, so inside the grid a query is at most a factor of 2 from a bucket on either axis. The
-# points whose work would dwarf one engine step are left out (prefill: over 64k tokens; decode: over 1M cached
-# tokens); a query there is placed from the timed points around it. A full sm_90 sweep of 7 backends over the
-# presets takes about 3 minutes of an H200 (benchmarks/results/README.md).
-_PREFILL = tuple((b, s) for b in (1, 4, 16, 64) for s in (256, 1024, 4096, 16384) if b * s <= 65536)
-_DECODE = tuple((b, c) for b in (1, 4, 16, 64, 256) for c in (512, 2048, 8192, 32768) if b * c <= 2**20)
+# Axes as plain lists, a factor of 2 apart, from one short chat prefill to a 16k-token document and from one
+# decoding sequence to 256; the grid is their product, less the points whose work would dwarf one engine step
+# (prefill: over 64k tokens; decode: over 1M cached tokens), where a query is placed from the timed points around
+# it. The common batch sizes and lengths are timed points, answered exactly; a query between them is at most a
+# factor of sqrt(2) from a bucket on either axis. Between points a kernel's time is not a smooth function of the
+# shape (wave quantisation, split-KV heuristics, partial tiles at lengths that are no multiple of the tile), so
+# benchmarks/regret.py reports beside the selector's regret the floor for any rule that reads the grid
+# (`around`). A full sm_90 sweep of 7 backends over the presets takes about 6 minutes of an H200 after FA4's
+# kernel-cache warm-up (benchmarks/results/README.md).
+PREFILL_BATCHES = [1, 2, 4, 8, 16, 32, 64]
+PREFILL_LENGTHS = [256, 512, 1024, 2048, 4096, 8192, 16384]
+DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+DECODE_LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
+_PREFILL = tuple((b, s) for b, s in itertools.product(PREFILL_BATCHES, PREFILL_LENGTHS) if b * s <= 65536)
+_DECODE = tuple((b, c) for b, c in itertools.product(DECODE_BATCHES, DECODE_LENGTHS) if b * c <= 2**20)
 BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_prefill": _PREFILL, "decode": _DECODE}
-# Shapes between the bucket points (about a factor of 2 from the nearest on each axis, where a ranking is least
-# sure) and at lengths that are not powers of two; none of them is a bucket point.
-_PREFILL_HELD_OUT = ((1, 2048), (2, 512), (2, 8192), (8, 2048), (32, 512), (3, 3000), (24, 700))
+# Shapes between the bucket points (about a factor of sqrt(2) from the nearest on each axis off the grid's edge,
+# where a ranking is least sure), at lengths that are not powers of two, spread from one sequence to the largest
+# batches; none of them is a bucket point, and the four bucket points around each were timed.
+_PREFILL_HELD_OUT = ((1, 700), (2, 11000), (3, 384), (3, 3000), (6, 1500), (24, 700), (48, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
     "prefill": _PREFILL_HELD_OUT,
     "mla_prefill": _PREFILL_HELD_OUT,
-    "decode": ((1, 4096), (2, 1024), (8, 16384), (32, 2048), (128, 1024), (24, 3000), (3, 12000)),
+    "decode": ((1, 700), (3, 12000), (6, 1500), (12, 6000), (24, 3000), (48, 700), (96, 2900)),
 }
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 
@@ -57,6 +67,14 @@ def bucket_of(op: str, batch: int, length: int) -> tuple[int, int]:
     if batch < 1 or length < 1:
         raise ValueError(f"batch {batch} and length {length} must be >= 1")
     return nearest_point(BUCKETS[op], batch, length)
+
+
+def around(op: str, batch: int, length: int) -> tuple[tuple[int, int], ...]:
+    """The bucket points at the corners of the grid cell that holds (batch, length), the point itself where it is
+    one (those of the grid only: the largest corners are left out of it)."""
+    points = set(BUCKETS[op])
+    batches, lengths = bracket(batch, {p[0] for p in points}), bracket(length, {p[1] for p in points})
+    return tuple(p for p in itertools.product(batches, lengths) if p in points)
 
 
 def layer_features(case_key: str) -> tuple[str, ...]:

@@ -28,11 +28,16 @@ def test_every_point_has_a_bucket_and_held_out_points_are_not_buckets():
             assert W.bucket_of(op, *p) in points
     assert W.bucket_of("decode", 200, 600) == (256, 512)
     assert W.bucket_of("prefill", 3, 5000) == (4, 4096)
-    # every held-out point is within a factor of 2 (and a little) of its bucket on both axes
+    # every held-out point is within a factor of sqrt(2) (and a little) of its bucket on both axes, and the four
+    # grid points around it are buckets (its placement interpolates between timed points)
     for op, points in W.HELD_OUT.items():
+        batches, lengths = sorted({p[0] for p in W.BUCKETS[op]}), sorted({p[1] for p in W.BUCKETS[op]})
         for b, n in points:
             bb, bn = W.bucket_of(op, b, n)
-            assert max(b / bb, bb / b) <= 2.5 and max(n / bn, bn / n) <= 2.5, (op, b, n)
+            assert max(b / bb, bb / b) <= 1.5 and max(n / bn, bn / n) <= 1.5, (op, b, n)
+            around = {(x, y) for x in (max(v for v in batches if v <= b), min(v for v in batches if v >= b))
+                      for y in (max(v for v in lengths if v <= n), min(v for v in lengths if v >= n))}
+            assert around <= set(W.BUCKETS[op]), (op, b, n)
     with pytest.raises(ValueError, match="no workload buckets"):
         W.bucket_of("encode", 1, 1)
 
@@ -110,8 +115,41 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     assert result["noise"]["points"] == 6 and result["noise"]["p90"] >= 1.0
     assert result["regret"]["queries"] == 2 and result["regret"]["max"] == 1.0  # one backend: its own best
     assert result["rankings"]["tiny:global prefill b2_s128"]["order"][0][0] == "sdpa_cpu"
+    assert result["grid_bound"]["queries"] == 2 and result["grid_bound"]["max"] == 1.0
     noise, orders = W.bucket_orders(rows)
     assert noise["points"] == 6 and len(orders) == 4  # the capped layer's check was refused: not ranked
+
+
+def test_around_is_the_grid_cell_of_a_point():
+    assert W.around("decode", 3, 700) == ((2, 512), (2, 1024), (4, 512), (4, 1024))
+    assert W.around("decode", 4, 1024) == ((4, 1024),)
+    assert W.around("decode", 4, 700) == ((4, 512), (4, 1024))  # on a grid line: its two points
+    assert W.around("prefill", 48, 1500) == ((32, 1024), (32, 2048), (64, 1024))  # (64, 2048): over 64k tokens
+    assert W.around("prefill", 1, 100) == ((1, 256),)  # beyond the grid: the edge
+
+
+def _timed(backend: str, batch: int, length: int, ms: float, kind: str = "bucket") -> dict:
+    return {"backend": backend, "layer": "m:l", "op": "decode", "set": kind, "batch": batch, "length": length,
+            "outcome": "pass", "ms": ms, "rounds": [ms, ms]}
+
+
+def test_the_grid_bound_is_the_best_backend_that_wins_at_a_point_around_the_query(monkeypatch):
+    R = _regret()
+    monkeypatch.setattr(W, "BUCKETS", {"decode": ((2, 64), (2, 128), (4, 64), (4, 128))})
+    monkeypatch.setattr(W, "HELD_OUT", {"decode": ((3, 100),)})
+    checks = [{"backend": b, "layer": "m:l", "op": "decode", "set": "check", "outcome": "pass"}
+              for b in ("a", "b", "c")]
+    # a wins at three corners, b at one; c wins at none but is the fastest at the held-out point
+    grid = [_timed("a", 2, 64, 1.0), _timed("b", 2, 64, 2.0), _timed("c", 2, 64, 3.0),
+            _timed("a", 2, 128, 1.0), _timed("b", 2, 128, 2.0), _timed("c", 2, 128, 3.0),
+            _timed("a", 4, 64, 1.0), _timed("b", 4, 64, 2.0), _timed("c", 4, 64, 3.0),
+            _timed("a", 4, 128, 2.0), _timed("b", 4, 128, 1.0), _timed("c", 4, 128, 3.0)]
+    held = [_timed("a", 3, 100, 1.5, "held_out"), _timed("b", 3, 100, 1.2, "held_out"),
+            _timed("c", 3, 100, 1.0, "held_out")]
+    result = R.analyse(checks + grid + held)
+    (q,) = result["queries"]
+    assert q["fastest"] == "c" and q["grid_bound"] == 1.2  # b, a corner's winner: no grid rule picks c
+    assert result["grid_bound"] == {**result["grid_bound"], "queries": 1, "max": 1.2, "over_1.10": 1}
 
 
 def _engine_with_workloads():
