@@ -144,6 +144,7 @@ DATA = {
     },
     'fa_common_head_sizes': ((64, 64), (128, 128)),
     'workload_band': 1.01,
+    'workload_interpolation_band': 1.1447,
     # Per arch, the backends a query considers (every backend with evidence there).
     'backends': {
         'sm_80': (
@@ -8533,7 +8534,8 @@ DATA = {
     },
     # arch -> (op, dtype, head_dim, head_dim_v, feature set) -> per timed layer and workload bucket: (query heads,
     # KV heads, batch, seq/context length, how many of the first tie within the measurement noise (workload_band),
-    # ((backend, ms), ...) fastest first); what select_backends' workload hints rank by (selector_workloads.place)
+    # ((backend, ms), ...) fastest first); what select_backends' workload hints rank by (selector_workloads.place);
+    # between timed points, backends within workload_interpolation_band of the fastest cannot be told apart
     'workloads': {
         'sm_90': {
             ('decode', 'bfloat16', 64, 64, ('causal', 'gqa')): (

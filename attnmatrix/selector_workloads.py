@@ -90,13 +90,16 @@ def nearest_layer(rows, hints):
 
 class Placement:
     """Where a hinted query's backends stand: `order` ((backend, ms), ...) fastest first, ms measured at a timed
-    point (`exact`) or interpolated from `points`; the first `ties` are within the noise band of the fastest."""
+    point (`exact`) or interpolated from `points`; the first `ties` are within the noise band of the fastest, the
+    first `uncertain` (placed between points) within the interpolation band: the timed points cannot tell them
+    apart there."""
 
-    __slots__ = ("heads", "batch", "length", "points", "exact", "order", "ties")
+    __slots__ = ("heads", "batch", "length", "points", "exact", "order", "ties", "uncertain")
 
-    def __init__(self, heads, batch, length, points, exact, order, ties):
+    def __init__(self, heads, batch, length, points, exact, order, ties, uncertain=None):
         self.heads, self.batch, self.length = heads, batch, length
         self.points, self.exact, self.order, self.ties = points, exact, order, ties
+        self.uncertain = ties if uncertain is None else max(ties, uncertain)
 
     def basis(self) -> str:
         heads = f"heads {self.heads[0]}/{self.heads[1]}"
@@ -137,8 +140,10 @@ def _weights(by_point, batch, length):
     return {p: 1.0 / dist(p)[0] for p in sorted(by_point, key=dist)[:NEIGHBOURS]}
 
 
-def place(rows, op, hints, band=1.0):
-    """The Placement of a hinted query among a cell's timed rows, or None without a usable hint."""
+def place(rows, op, hints, band=1.0, spread=1.0):
+    """The Placement of a hinted query among a cell's timed rows, or None without a usable hint. `band`: the
+    measurement noise within which two timings tie; `spread`: the interpolation error within which two backends
+    placed between timed points cannot be told apart."""
     point = hinted_point(op, hints)
     if not rows or point is None:
         return None
@@ -162,4 +167,5 @@ def place(rows, op, hints, band=1.0):
         est[b] = exp(sum(weights[p] * log(timed[p][b]) for p in at) / total)
     order = tuple(sorted(((b, round(ms, 5)) for b, ms in est.items()), key=lambda x: (x[1], x[0])))
     ties = sum(1 for _, ms in order if ms / order[0][1] <= band) if order else 0
-    return Placement(heads, batch, length, tuple(sorted(weights)), False, order, ties)
+    uncertain = sum(1 for _, ms in order if ms / order[0][1] <= spread) if order else 0
+    return Placement(heads, batch, length, tuple(sorted(weights)), False, order, ties, uncertain)

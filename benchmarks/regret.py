@@ -266,11 +266,13 @@ def expand(rows: list[dict]) -> list[dict]:
     return [{**r, "layer": name} for r in rows for name in (r.get("layers") or [r["layer"]])]
 
 
-def analyse(rows: list[dict], order=None) -> dict:
+def analyse(rows: list[dict], order=None, placement=None) -> dict:
     """Rankings per bucket, the noise band, and the regret of the selector's first choice on held-out points.
 
     `order(layer, op, batch=None, length=None)`: the selector's order for the layer's cell, with workload hints
-    when a point is given (`selector_orders`); without one, the regret is that of the bucket's own first choice."""
+    when a point is given (`selector_orders`); without one, the regret is that of the bucket's own first choice.
+    `placement(layer, op, batch, length)`: the selector's Placement there (`selector_placements`), whose backends
+    within the interpolation band of the first it says it cannot tell apart."""
     checks = {(r["backend"], r["layer"], r["op"]): r for r in rows if r["set"] == "check"}
     ok = {k for k, r in checks.items() if r["outcome"] == "pass"}
     times: dict[tuple, float] = {}  # (backend, layer, op, set, batch, length) -> ms
@@ -312,17 +314,22 @@ def analyse(rows: list[dict], order=None) -> dict:
                 pick = next((b for b, _ in rk["order"] if b in here), None) if rk else None
             q.update(pick=pick, regret=round(here[pick] / fastest, 4) if pick else None,
                      lost_us=round((here[pick] - fastest) * 1e3, 2) if pick else None, fastest_ms=fastest)
-            # The floor for any rule that reads the grid: the best of the backends fastest at a bucket point around
-            # the query, measured here. Above 1 where the kernels' order at the query is one no grid point shows.
-            near = [{k[0]: t for k, t in times.items() if k[1:] == (layer, op, "bucket", *p)}
+            # The corner winners' best: of the backends fastest at a bucket point around the query (among those
+            # timed here too), the one fastest here. Above 1 where the order at the query is one no point around shows.
+            near = [{k[0]: t for k, t in times.items() if k[1:] == (layer, op, "bucket", *p) and k[0] in here}
                     for p in W.around(op, batch, length)]
-            winners = {min(at, key=at.get) for at in near if at} & set(here)
+            winners = {min(at, key=at.get) for at in near if at}
             q["grid_bound"] = round(min(here[b] for b in winners) / fastest, 4) if winners else None
+            if placement is not None:
+                placed = placement(layer, op, batch, length)
+                q["uncertain"] = [b for b, _ in placed.order[:placed.uncertain]] if placed else []
             queries.append(q)
     regrets = [q["regret"] for q in queries if q.get("regret")]
     over = [q for q in queries if (q.get("regret") or 0) > 1.10]
     plain = [q["regret_without_hints"] for q in queries if q.get("regret_without_hints")]
     bound = [q["grid_bound"] for q in queries if q.get("grid_bound")]
+    # a choice the selector marked as a guess: the fastest was among the backends it could not tell apart
+    flagged = [q for q in over if q.get("pick") in q.get("uncertain", ()) and q["fastest"] in q.get("uncertain", ())]
     return {
         "noise": {**spread,
                   "what": "slower/faster of the medians of the even and of the odd rounds of one backend at one "
@@ -335,13 +342,15 @@ def analyse(rows: list[dict], order=None) -> dict:
                    "over_1.10": len(over),
                    "max_lost_us": max((q["lost_us"] for q in queries if q.get("lost_us") is not None), default=None),
                    "max_lost_us_over_1.10": max((q["lost_us"] for q in over), default=None),
-                   "slowest_fastest_ms_over_1.10": max((q["fastest_ms"] for q in over), default=None)},
+                   "slowest_fastest_ms_over_1.10": max((q["fastest_ms"] for q in over), default=None),
+                   "over_1.10_marked_uncertain": len(flagged)},
         "regret_without_hints": {"queries": len(plain), "geomean": _r(geomean(plain)), "max": max(plain, default=None)},
         "grid_bound": {"queries": len(bound), "geomean": _r(geomean(bound)), "max": max(bound, default=None),
                        "over_1.10": sum(1 for x in bound if x > 1.10),
                        "what": "per held-out query, the regret of the best of the backends that are fastest at one of "
-                               "the bucket points around it (workloads.around): no rule that picks a backend the "
-                               "grid shows winning nearby does better"},
+                               "the bucket points around it (workloads.around): an oracle that knew which of the "
+                               "nearby winners wins at the query; a rule may still pick a backend that wins nowhere "
+                               "near and do better"},
         "checks": {f"{b} {ly} {op}": r["outcome"] + (f": {r['reason']}" if r.get("reason") else "")
                    for (b, ly, op), r in sorted(checks.items())},
         "rankings": rankings,
@@ -379,10 +388,32 @@ def selector_orders(rows: list[dict]):
     return order
 
 
+def selector_placements(rows: list[dict]):
+    """A function (layer, op, batch, length) -> the generated selector's Placement of the layer's backends at that
+    point (selector_workloads.place, through the engine the selector's data make), or None."""
+    from attnmatrix.matrix.cases import Case
+
+    from attnmatrix import selector
+    from attnmatrix.selector_workloads import LENGTH_HINT
+
+    layers = {}
+    for r in rows:
+        if r["set"] == "check":
+            layers.setdefault((r["layer"], r["op"]), (Case.from_key(r["case"]), r["heads_q"], r["heads_kv"]))
+
+    def placement(layer: str, op: str, batch: int, length: int):
+        c, hq, hkv = layers[(layer, op)]
+        feats = tuple(t for t in c.features if not t.startswith("paged_kv:"))
+        hints = {"num_heads": hq, "num_kv_heads": hkv, "batch_size": batch, LENGTH_HINT[op]: length}
+        return selector._ENGINE.workload_order(c.arch, op, c.dtype, c.head_dim, c.head_dim_v, feats, hints)
+
+    return placement
+
+
 def report(args: argparse.Namespace) -> int:
     files = [Path(f) for f in args.files] if args.files else sorted(W.WORKLOADS_DIR.glob("*.jsonl"))
     rows = expand(W.load_rows(files))
-    result = analyse(rows, selector_orders(rows))
+    result = analyse(rows, selector_orders(rows), selector_placements(rows))
     result["files"] = [str(f.resolve().relative_to(ROOT)) if f.resolve().is_relative_to(ROOT) else str(f)
                        for f in files]
     text = json.dumps(result, indent=1, sort_keys=True) + "\n"
@@ -399,17 +430,18 @@ def report(args: argparse.Namespace) -> int:
           f"held-out queries ({g['unanswered']} unanswered; {g['first_choice_fastest']} fastest, {g['within_noise']} "
           f"within noise; {g['over_1.10']} over 1.10, where the fastest took at most "
           f"{g['slowest_fastest_ms_over_1.10']} ms and at most {g['max_lost_us_over_1.10']} us was lost per call; "
-          f"at most {g['max_lost_us']} us lost per call over all)")
+          f"at most {g['max_lost_us']} us lost per call over all; {g['over_1.10_marked_uncertain']} of the "
+          f"{g['over_1.10']} marked as a guess: the fastest within the selector's interpolation band of its pick)")
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
           f"max {s['regret_without_hints']['max']}")
     b = s["grid_bound"]
-    print(f"floor for any rule reading the grid (the best of the backends fastest at a bucket point around each "
-          f"query): geomean {b['geomean']}, max {b['max']} ({b['over_1.10']} over 1.10)")
+    print(f"the nearby winners' best (of the backends fastest at a bucket point around each query, the fastest at "
+          f"it): geomean {b['geomean']}, max {b['max']} over {b['queries']} queries ({b['over_1.10']} over 1.10)")
     for q in result["queries"]:
         print(f"  {q['layer']:24} {q['op']:11} {q['shape']:12} bucket {q['bucket']:12} pick {q.get('pick')!s:14} "
               f"regret {q.get('regret')!s:7} ({q.get('lost_us')!s:>6} us) fastest {q['fastest']:14} "
               f"no-hints {q.get('pick_without_hints')!s:14} "
-              f"{q.get('regret_without_hints')!s:7} floor {q.get('grid_bound')}")
+              f"{q.get('regret_without_hints')!s:7} nearby-winners {q.get('grid_bound')}")
     return 0
 
 

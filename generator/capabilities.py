@@ -161,7 +161,7 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
         per_block[(c.case.arch, c.case.backend)].append(c)
     public = sorted(b for b in m.backends if not is_test_only(m, b))
     backends = {a: tuple(sorted({b for x, b in per_block if x == a})) for a in archs}
-    timed, band = workloads(archs)
+    timed, band, spread = workloads(archs)
     return {
         "archs": tuple(archs),
         "backends": backends,
@@ -177,14 +177,16 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
         "measured": measured(cells),
         "workloads": timed,
         "workload_band": band,
+        "workload_interpolation_band": spread,
     }
 
 
-def workloads(archs) -> tuple[dict, float]:
+def workloads(archs) -> tuple[dict, float, float]:
     """(arch -> (op, dtype, head_dim, head_dim_v, feature set) -> bucket rows, the noise band within which two
-    timings tie) for selector_workloads.place, from the committed workload timings (matrix/data/workloads,
-    matrix/workloads.py bucket_orders)."""
-    from attnmatrix.matrix.workloads import bucket_orders, load_rows
+    timings tie, the interpolation band within which two backends placed between timed points cannot be told
+    apart) for selector_workloads.place, from the committed workload timings (matrix/data/workloads,
+    matrix/workloads.py bucket_orders and interpolation_error)."""
+    from attnmatrix.matrix.workloads import bucket_orders, interpolation_error, load_rows
 
     noise, orders = bucket_orders(load_rows())
     out: dict = {}
@@ -193,7 +195,7 @@ def workloads(archs) -> tuple[dict, float]:
             out.setdefault(arch, {}).setdefault((op, dtype, hd, hdv, tuple(feats)), []).append(
                 (hq, hkv, batch, length, ties, order))
     return ({a: {k: tuple(v) for k, v in sorted(rows.items())} for a, rows in sorted(out.items())},
-            noise["p90"] or 1.0)
+            noise["p90"] or 1.0, interpolation_error(orders)["p90"] or 1.0)
 
 
 _LAST: list = []  # [(matrix, cells dict, cell count, include_cpu), engine]: one matrix is queried many times

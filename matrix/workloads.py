@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -28,15 +29,15 @@ from attnmatrix.vocabulary import features_of
 from .models import call_params, layer_ops
 
 # (batch, length): prefill length = tokens per sequence (query = key length); decode length = context.
-# Axes as plain lists, a factor of 2 apart, from one short chat prefill to a 16k-token document and from one
+# Axes a factor of 2 apart, from one short chat prefill to a 16k-token document and from one
 # decoding sequence to 256; the grid is their product, less the points whose work would dwarf one engine step
 # (prefill: over 64k tokens; decode: over 1M cached tokens), where a query is placed from the timed points around
 # it. The common batch sizes and lengths are timed points, answered exactly; a query between them is at most a
 # factor of sqrt(2) from a bucket on either axis. Between points a kernel's time is not a smooth function of the
 # shape (wave quantisation, split-KV heuristics, partial tiles at lengths that are no multiple of the tile), so
-# benchmarks/regret.py reports beside the selector's regret the floor for any rule that reads the grid
-# (`around`). A full sm_90 sweep of 7 backends over the presets takes about 6 minutes of an H200 after FA4's
-# kernel-cache warm-up (benchmarks/results/README.md).
+# benchmarks/regret.py reports beside the selector's regret how the backends fastest at the grid points around a
+# query (`around`) fare there. A full sm_90 sweep of 7 backends over the presets takes about 6 minutes of an H200
+# after FA4's kernel-cache warm-up (benchmarks/results/README.md).
 PREFILL_BATCHES = [1, 2, 4, 8, 16, 32, 64]
 PREFILL_LENGTHS = [256, 512, 1024, 2048, 4096, 8192, 16384]
 DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -44,9 +45,10 @@ DECODE_LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
 _PREFILL = tuple((b, s) for b, s in itertools.product(PREFILL_BATCHES, PREFILL_LENGTHS) if b * s <= 65536)
 _DECODE = tuple((b, c) for b, c in itertools.product(DECODE_BATCHES, DECODE_LENGTHS) if b * c <= 2**20)
 BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_prefill": _PREFILL, "decode": _DECODE}
-# Shapes between the bucket points (about a factor of sqrt(2) from the nearest on each axis off the grid's edge,
-# where a ranking is least sure), at lengths that are not powers of two, spread from one sequence to the largest
-# batches; none of them is a bucket point, and the four bucket points around each were timed.
+# Shapes between the bucket points (about a factor of sqrt(2) from the nearest on each axis, except batch 1, the
+# grid's edge; where a ranking is least sure), at lengths that are not powers of two, spread from one sequence to
+# the largest batches; none of them is a bucket point, and the bucket points around each (two on a grid line) are
+# in the grid.
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (3, 384), (3, 3000), (6, 1500), (24, 700), (48, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
     "prefill": _PREFILL_HELD_OUT,
@@ -70,11 +72,13 @@ def bucket_of(op: str, batch: int, length: int) -> tuple[int, int]:
 
 
 def around(op: str, batch: int, length: int) -> tuple[tuple[int, int], ...]:
-    """The bucket points at the corners of the grid cell that holds (batch, length), the point itself where it is
-    one (those of the grid only: the largest corners are left out of it)."""
+    """The bucket points at the corners of the grid cell that holds (batch, length): four inside the grid, the two
+    on a grid line, the point itself where it is one, the edge's points beyond an edge; those the grid leaves out
+    (its largest corners) are not among them, and where that leaves none, the nearest bucket (`bucket_of`)."""
     points = set(BUCKETS[op])
     batches, lengths = bracket(batch, {p[0] for p in points}), bracket(length, {p[1] for p in points})
-    return tuple(p for p in itertools.product(batches, lengths) if p in points)
+    corners = tuple(p for p in itertools.product(batches, lengths) if p in points)
+    return corners or (bucket_of(op, batch, length),)
 
 
 def layer_features(case_key: str) -> tuple[str, ...]:
@@ -128,6 +132,31 @@ def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
         order = sorted(((b, round(ms, 5)) for b, ms in per.items()), key=lambda x: (x[1], x[0]))
         orders[key] = (tuple(order), sum(1 for _, t in order if t / order[0][1] <= band))
     return spread, orders
+
+
+def interpolation_error(orders: dict) -> dict:
+    """How far a backend's time at a bucket point is from the log-midpoint of its two neighbours on one axis (a
+    factor of 2 on either side), over every such point of `orders` (`bucket_orders`): the error of reading a
+    backend's time between timed points. Its p90 is the band within which two backends placed between points
+    cannot be told apart (the selector's `workload_interpolation_band`). Neighbours a factor of 4 apart make it an
+    upper estimate for a query at most a factor of sqrt(2) from a point."""
+    series: dict[tuple, dict[tuple[int, int], float]] = {}
+    for key, (order, _) in orders.items():
+        for backend, ms in order:
+            series.setdefault((*key[:8], backend), {})[(key[8], key[9])] = ms
+    ratios = []
+    for times in series.values():
+        for (b, n), ms in times.items():
+            for lo, hi in (((b / 2, n), (b * 2, n)), ((b, n / 2), (b, n * 2))):
+                if lo in times and hi in times:
+                    mid = math.sqrt(times[lo] * times[hi])
+                    ratios.append(max(ms, mid) / min(ms, mid))
+    ratios.sort()
+
+    def q(p: float) -> float | None:
+        return round(ratios[min(len(ratios) - 1, int(p * len(ratios)))], 4) if ratios else None
+
+    return {"points": len(ratios), "median": q(0.5), "p90": q(0.9), "max": round(ratios[-1], 4) if ratios else None}
 
 
 WORKLOADS_DIR = Path(__file__).resolve().parent / "data" / "workloads"

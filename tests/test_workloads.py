@@ -126,6 +126,7 @@ def test_around_is_the_grid_cell_of_a_point():
     assert W.around("decode", 4, 700) == ((4, 512), (4, 1024))  # on a grid line: its two points
     assert W.around("prefill", 48, 1500) == ((32, 1024), (32, 2048), (64, 1024))  # (64, 2048): over 64k tokens
     assert W.around("prefill", 1, 100) == ((1, 256),)  # beyond the grid: the edge
+    assert W.around("prefill", 128, 20000) == (W.bucket_of("prefill", 128, 20000),)  # every corner left out
 
 
 def _timed(backend: str, batch: int, length: int, ms: float, kind: str = "bucket") -> dict:
@@ -139,16 +140,19 @@ def test_the_grid_bound_is_the_best_backend_that_wins_at_a_point_around_the_quer
     monkeypatch.setattr(W, "HELD_OUT", {"decode": ((3, 100),)})
     checks = [{"backend": b, "layer": "m:l", "op": "decode", "set": "check", "outcome": "pass"}
               for b in ("a", "b", "c")]
-    # a wins at three corners, b at one; c wins at none but is the fastest at the held-out point
-    grid = [_timed("a", 2, 64, 1.0), _timed("b", 2, 64, 2.0), _timed("c", 2, 64, 3.0),
+    # a wins at three corners (the nearest, (4, 128), among them), b at the far one; c wins at none but is the
+    # fastest at the held-out point; d, whose check failed, is fastest everywhere and counts nowhere
+    checks.append({"backend": "d", "layer": "m:l", "op": "decode", "set": "check", "outcome": "wrong"})
+    grid = [_timed("a", 2, 64, 2.0), _timed("b", 2, 64, 1.0), _timed("c", 2, 64, 3.0),
             _timed("a", 2, 128, 1.0), _timed("b", 2, 128, 2.0), _timed("c", 2, 128, 3.0),
             _timed("a", 4, 64, 1.0), _timed("b", 4, 64, 2.0), _timed("c", 4, 64, 3.0),
-            _timed("a", 4, 128, 2.0), _timed("b", 4, 128, 1.0), _timed("c", 4, 128, 3.0)]
+            _timed("a", 4, 128, 1.0), _timed("b", 4, 128, 2.0), _timed("c", 4, 128, 3.0)]
+    grid += [_timed("d", b, n, 0.1) for b, n in W.BUCKETS["decode"]] + [_timed("d", 3, 100, 0.1, "held_out")]
     held = [_timed("a", 3, 100, 1.5, "held_out"), _timed("b", 3, 100, 1.2, "held_out"),
             _timed("c", 3, 100, 1.0, "held_out")]
     result = R.analyse(checks + grid + held)
     (q,) = result["queries"]
-    assert q["fastest"] == "c" and q["grid_bound"] == 1.2  # b, a corner's winner: no grid rule picks c
+    assert q["fastest"] == "c" and q["grid_bound"] == 1.2  # b, the far corner's winner, not a (1.5)
     assert result["grid_bound"] == {**result["grid_bound"], "queries": 1, "max": 1.2, "over_1.10": 1}
 
 
@@ -241,6 +245,34 @@ def test_explain_says_composed_and_which_timings_placed_a_backend():
     plain = eng.explain((9, 0), 128, op="decode", causal=True, gqa=True, sinks=True)
     assert any("composed from" in v for v in plain.values() if v.startswith("supported"))
     assert not any("workload" in v for v in plain.values())
+    # between timed points, backends within the interpolation error of the fastest are said to be a guess
+    eng.data["workload_interpolation_band"] = 3.0
+    between = eng.explain((9, 0), 128, op="decode", causal=False, gqa=True, num_heads=32, num_kv_heads=8,
+                          batch_size=10, context_len=6000)
+    assert "within the interpolation error (3x) of the fastest" in between["fa2"]
+    assert "cannot tell vllm_fa3, fa2 apart" in between["fa2"]
+    assert "interpolation error" not in why["fa2"]  # at a timed point the timings are the answer
+
+
+def test_placements_between_points_mark_the_backends_the_interpolation_error_cannot_tell_apart():
+    from attnmatrix.selector_workloads import place
+
+    rows = ((4, 4, 1, 100, 1, (("a", 1.0), ("b", 1.2), ("c", 3.0))),
+            (4, 4, 1, 10000, 1, (("a", 4.0), ("b", 4.4), ("c", 9.0))))
+    between = place(rows, "prefill", {"batch_size": 1, "seq_len": 1000}, band=1.01, spread=1.15)
+    assert (between.ties, between.uncertain) == (1, 2)  # a and b: 2.0 vs about 2.3 ms, c far behind
+    assert place(rows, "prefill", {"batch_size": 1, "seq_len": 1000}, band=1.01).uncertain == 1
+    at_point = place(rows, "prefill", {"batch_size": 1, "seq_len": 100}, band=1.01, spread=1.5)
+    assert at_point.exact and at_point.uncertain == at_point.ties == 1  # measured there: no guess
+
+
+def test_interpolation_error_is_how_far_a_point_is_from_its_neighbours_midpoint():
+    key = ("sm_90", "decode", "bfloat16", 128, 128, ("causal",), 8, 8)
+    # "x" doubles with the length (midpoint exact); "y" is 2x too slow at the middle point
+    orders = {(*key, 1, n): (((("x", n / 100), ("y", (2 if n == 200 else 1) * n / 100))), 1) for n in (100, 200, 400)}
+    err = W.interpolation_error(orders)
+    assert err["points"] == 2 and err["max"] == 2.0 and err["median"] in (1.0, 2.0)
+    assert W.interpolation_error({})["p90"] is None
 
 
 def test_interleaved_timing_takes_turns_and_tells_a_slower_kernel_apart():
