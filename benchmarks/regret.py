@@ -330,6 +330,10 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
     bound = [q["grid_bound"] for q in queries if q.get("grid_bound")]
     # a choice the selector marked as a guess: the fastest was among the backends it could not tell apart
     flagged = [q for q in over if q.get("pick") in q.get("uncertain", ()) and q["fastest"] in q.get("uncertain", ())]
+    # the selector's answers split by whether it could tell the backends apart at the shape (one backend within the
+    # interpolation band of the first) or marked the order as a guess
+    sure = [q["regret"] for q in queries if q.get("regret") and len(q.get("uncertain", ())) <= 1]
+    guess = [q["regret"] for q in queries if q.get("regret") and len(q.get("uncertain", ())) > 1]
     return {
         "noise": {**spread,
                   "what": "slower/faster of the medians of the even and of the odd rounds of one backend at one "
@@ -343,7 +347,9 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
                    "max_lost_us": max((q["lost_us"] for q in queries if q.get("lost_us") is not None), default=None),
                    "max_lost_us_over_1.10": max((q["lost_us"] for q in over), default=None),
                    "slowest_fastest_ms_over_1.10": max((q["fastest_ms"] for q in over), default=None),
-                   "over_1.10_marked_uncertain": len(flagged)},
+                   "over_1.10_marked_uncertain": len(flagged),
+                   "sure": {"queries": len(sure), "geomean": _r(geomean(sure)), "max": max(sure, default=None)},
+                   "guess": {"queries": len(guess), "geomean": _r(geomean(guess)), "max": max(guess, default=None)}},
         "regret_without_hints": {"queries": len(plain), "geomean": _r(geomean(plain)), "max": max(plain, default=None)},
         "grid_bound": {"queries": len(bound), "geomean": _r(geomean(bound)), "max": max(bound, default=None),
                        "over_1.10": sum(1 for x in bound if x > 1.10),
@@ -413,7 +419,8 @@ def selector_placements(rows: list[dict]):
 def report(args: argparse.Namespace) -> int:
     files = [Path(f) for f in args.files] if args.files else sorted(W.WORKLOADS_DIR.glob("*.jsonl"))
     rows = expand(W.load_rows(files))
-    result = analyse(rows, selector_orders(rows), selector_placements(rows))
+    placement = selector_placements(rows)
+    result = analyse(rows, selector_orders(rows), placement)
     result["files"] = [str(f.resolve().relative_to(ROOT)) if f.resolve().is_relative_to(ROOT) else str(f)
                        for f in files]
     text = json.dumps(result, indent=1, sort_keys=True) + "\n"
@@ -432,6 +439,11 @@ def report(args: argparse.Namespace) -> int:
           f"{g['slowest_fastest_ms_over_1.10']} ms and at most {g['max_lost_us_over_1.10']} us was lost per call; "
           f"at most {g['max_lost_us']} us lost per call over all; {g['over_1.10_marked_uncertain']} of the "
           f"{g['over_1.10']} marked as a guess: the fastest within the selector's interpolation band of its pick)")
+    if placement is not None:
+        sure, guess = g["sure"], g["guess"]
+        print(f"  where it could tell the backends apart ({sure['queries']} queries): geomean {sure['geomean']}, max "
+              f"{sure['max']}; where it marked its order a guess ({guess['queries']}): geomean {guess['geomean']}, "
+              f"max {guess['max']}")
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
           f"max {s['regret_without_hints']['max']}")
     b = s["grid_bound"]

@@ -154,6 +154,15 @@ def test_the_grid_bound_is_the_best_backend_that_wins_at_a_point_around_the_quer
     (q,) = result["queries"]
     assert q["fastest"] == "c" and q["grid_bound"] == 1.2  # b, the far corner's winner, not a (1.5)
     assert result["grid_bound"] == {**result["grid_bound"], "queries": 1, "max": 1.2, "over_1.10": 1}
+    # with the selector's placement: its order a guess between a and b (both within its interpolation band)
+    from attnmatrix.selector_workloads import Placement
+
+    guessed = Placement((8, 8), 3, 100, (), False, (("a", 1.1), ("b", 1.2), ("c", 2.0)), 1, 2)
+    result = R.analyse(checks + grid + held, placement=lambda *query: guessed)
+    (q,) = result["queries"]
+    assert q["uncertain"] == ["a", "b"] and q["pick"] == "a" and q["regret"] == 1.5
+    assert result["regret"]["guess"] == {"queries": 1, "geomean": 1.5, "max": 1.5}
+    assert result["regret"]["sure"]["queries"] == 0 and result["regret"]["over_1.10_marked_uncertain"] == 0
 
 
 def _engine_with_workloads():
