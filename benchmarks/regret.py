@@ -193,9 +193,10 @@ def copies_of(case, shape, device: str) -> list:
 
 
 def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str], arch: str, device: str,
-                  device_name: str, emit, args: argparse.Namespace) -> int:
+                  device_name: str, emit, args: argparse.Namespace, points=None) -> int:
     """Check every backend on the layer, then time those that passed at every point, in turns on one problem
-    (`measure_interleaved`). Returns 3 after a device fault (the process cannot go on), else 0."""
+    (`measure_interleaved`). `points`: ((set, ((batch, length), ...)), ...), by default the op's buckets and
+    held-out points. Returns 3 after a device fault (the process cannot go on), else 0."""
     from dataclasses import replace
 
     import torch
@@ -216,8 +217,8 @@ def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str],
         emit({**base, "set": "check", "outcome": outcome, "reason": reason, "entry": entry})
         if outcome == "pass":
             passed[name] = (backend, case, {**base, "entry": entry})
-    for kind, points in (("bucket", W.BUCKETS[op]), ("held_out", W.HELD_OUT[op])):
-        for batch, length in points:
+    for kind, at in points or (("bucket", W.BUCKETS[op]), ("held_out", W.HELD_OUT[op])):
+        for batch, length in at:
             fns, rows = {}, {}
             problems: list = []
             try:

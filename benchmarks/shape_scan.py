@@ -1,0 +1,171 @@
+"""Time the backends in turns at the shapes you name, for one model layer: where the selector's order between
+timed points is a guess (`explain` says which backends its timings cannot tell apart), your own shapes settle it.
+
+    python benchmarks/shape_scan.py --backends vllm_fa3,fa2,fa4 --layer gemma-2-2b:global --op decode \\
+        --batch 12 --lengths 4096:8192:256 -o scan.jsonl [--plot scan.png]        # GPU (or sdpa_cpu on a CPU)
+    python benchmarks/shape_scan.py --report scan.jsonl [--plot scan.png]           # the table again, no GPU
+
+The layer is a model preset's layer type (`attnmatrix explain --model NAME` lists them; matrix/data/models.json),
+so the heads, head dims, window, softcap and sinks are the model's. Each backend is checked once against the
+reference on the layer, then every point is timed as benchmarks/regret.py times the workload buckets: the
+backends take turns on the same inputs, each from a CUDA graph with the L2 flushed (kernels/interleaved_timing.py).
+`--batch` and `--lengths` take comma lists or START:STOP:STEP (STOP included); every (batch, length) pair is a
+point. The table gives each point's backends fastest first with their time relative to the fastest; a point of the
+workload grid (matrix/workloads.py BUCKETS) is marked `*`: between them is where the grid cannot see.
+
+Lines (JSON), as regret.py's sweep writes them, with "set": "scan".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import regret  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
+from attnmatrix.matrix import workloads as W  # noqa: E402
+
+
+def axis(text: str) -> list[int]:
+    """`1,2,4` or `START:STOP:STEP` (STOP included) as a list of positive integers."""
+    try:
+        if ":" in text:
+            start, stop, step = (int(x) for x in text.split(":"))
+            values = list(range(start, stop + 1, step))
+        else:
+            values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma list of integers or START:STOP:STEP") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be at least 1")
+    return values
+
+
+def find_layer(name: str, presets: str | None) -> W.Layer:
+    layers = {ly.name: ly for ly in W.load_presets(regret.presets_path(presets))}
+    if name not in layers:
+        raise SystemExit(f"--layer {name}: no such preset layer; known: {', '.join(sorted(layers))}")
+    return layers[name]
+
+
+def scan(args: argparse.Namespace) -> list[dict]:
+    import torch
+    from attnmatrix.kernels.base import load_backend
+
+    layer = find_layer(args.layer, args.presets)
+    if args.op not in layer.ops():
+        raise SystemExit(f"--op {args.op}: {layer.name} runs {', '.join(layer.ops())}")
+    backends = {b: load_backend(b) for b in args.backends.split(",")}
+    devices = {b.device for b in backends.values()}
+    if len(devices) != 1:
+        raise SystemExit(f"--backends {args.backends}: one device at a time (got {sorted(devices)})")
+    device = devices.pop()
+    if device == "cuda":
+        major, minor = torch.cuda.get_device_capability()
+        arch, device_name = f"sm_{major}{minor}", torch.cuda.get_device_name()
+    else:
+        arch, device_name = "cpu", "cpu"
+    points = [(b, n) for b in args.batch for n in args.lengths]
+    rows: list[dict] = []
+    out = open(args.output, "w", encoding="utf-8") if args.output else None  # noqa: SIM115 - closed below
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        if out is not None:
+            out.write(json.dumps(row, sort_keys=True) + "\n")
+            out.flush()
+
+    t0 = time.monotonic()
+    try:
+        status = regret.time_workload(backends, layer, args.op, [layer.name], arch, device, device_name, emit,
+                                      argparse.Namespace(warm_only=False, rounds=args.rounds),
+                                      points=(("scan", points),))
+    finally:
+        if out is not None:
+            out.close()
+    print(f"{len(points)} points in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    if status:
+        raise SystemExit(status)
+    return rows
+
+
+def table(rows: list[dict]) -> list[str]:
+    """One line per point: its backends fastest first, each with its time relative to the fastest."""
+    passed = {r["backend"] for r in rows if r.get("set") == "check" and r.get("outcome") == "pass"}
+    at: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        if r.get("set") == "scan" and r.get("outcome") == "pass" and r["backend"] in passed:
+            at.setdefault((r["op"], r["batch"], r["length"]), {})[r["backend"]] = r["ms"]
+    lines = []
+    for (op, batch, length), times in sorted(at.items()):
+        best = min(times.values())
+        order = "  ".join(f"{b} {t * 1e3:.1f} us (x{t / best:.2f})" for b, t in sorted(times.items(),
+                                                                                       key=lambda x: (x[1], x[0])))
+        grid = "*" if (batch, length) in W.BUCKETS.get(op, ()) else " "
+        lines.append(f"{grid} b{batch:<4} {'kv' if op == 'decode' else 's'}{length:<7} {order}")
+    return lines
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Each backend's time against the length (one line per batch), the workload grid's lengths dotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    passed = {r["backend"] for r in rows if r.get("set") == "check" and r.get("outcome") == "pass"}
+    timed = [r for r in rows if r.get("set") == "scan" and r.get("outcome") == "pass" and r["backend"] in passed]
+    if not timed:
+        raise SystemExit("--plot: no timed point to plot")
+    op = timed[0]["op"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for backend in sorted({r["backend"] for r in timed}):
+        for batch in sorted({r["batch"] for r in timed}):
+            pts = sorted((r["length"], r["ms"] * 1e3) for r in timed if r["backend"] == backend and r["batch"] == batch)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker=".", label=f"{backend} b{batch}")
+    lengths = [r["length"] for r in timed]
+    for n in sorted({n for _, n in W.BUCKETS.get(op, ())}):
+        if min(lengths) <= n <= max(lengths):
+            ax.axvline(n, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("context length (tokens)" if op == "decode" else "tokens per sequence")
+    ax.set_ylabel("time per call (us)")
+    ax.set_title(f"{timed[0]['layer']} {op} on {timed[0].get('device', '?')} (dotted: workload grid)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backends", help="comma-separated, timed in turns at every point")
+    ap.add_argument("--layer", help="a preset layer, MODEL:LAYER (e.g. gemma-2-2b:global)")
+    ap.add_argument("--op", choices=sorted(W.BUCKETS), help="the layer's op to time")
+    ap.add_argument("--batch", type=axis, default=[1], help="batch sizes: 1,2,4 or START:STOP:STEP (default 1)")
+    ap.add_argument("--lengths", type=axis, help="tokens per sequence (prefill) or context (decode), as --batch")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds of turns per point (default 6)")
+    ap.add_argument("--presets", help="models file (default matrix/data/models.json)")
+    ap.add_argument("-o", "--output", help="JSON Lines of the scan (overwritten)")
+    ap.add_argument("--report", metavar="FILE", help="print the table of a scan file instead of timing")
+    ap.add_argument("--plot", metavar="PNG", help="also plot each backend's time against the length")
+    args = ap.parse_args(argv)
+    if args.report:
+        rows = [json.loads(line) for line in Path(args.report).read_text(encoding="utf-8").splitlines() if line]
+    else:
+        missing = [f"--{n}" for n in ("backends", "layer", "op", "lengths") if not getattr(args, n)]
+        if missing:
+            ap.error(f"to time a scan, give {', '.join(missing)} (or --report FILE)")
+        if args.rounds < 2:
+            ap.error("--rounds must be at least 2")
+        rows = scan(args)
+    print("\n".join(table(rows)))
+    if args.plot:
+        plot(rows, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""benchmarks/shape_scan.py: the backends timed in turns at the shapes a user names, for one preset layer."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _scan():
+    spec = importlib.util.spec_from_file_location("shape_scan_bench", ROOT / "benchmarks" / "shape_scan.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_axis_takes_lists_and_ranges_with_the_stop_included():
+    S = _scan()
+    assert S.axis("1,2,4") == [1, 2, 4]
+    assert S.axis("256:512:128") == [256, 384, 512]
+    for bad in ("0,1", "a", "1:2", "8:4:1"):
+        with pytest.raises(Exception, match="integers|at least 1"):
+            S.axis(bad)
+
+
+def test_a_scan_on_the_cpu_times_every_point_and_marks_the_grid(tmp_path, capsys):
+    S = _scan()
+    out = tmp_path / "scan.jsonl"
+    assert S.main(["--backends", "sdpa_cpu", "--layer", "llama-3.2-1b:full", "--op", "decode", "--batch", "1",
+                   "--lengths", "512,700", "--rounds", "2", "-o", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["set"] for r in rows] == ["check", "scan", "scan"] and rows[0]["outcome"] == "pass"
+    assert all(r["outcome"] == "pass" and r["ms"] > 0 and len(r["rounds"]) == 2 for r in rows[1:])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("* b1    kv512 ") and lines[1].startswith("  b1    kv700 ")  # 512: a grid point
+    assert "sdpa_cpu" in lines[1] and "(x1.00)" in lines[1]
+    # the table again from the file, with a plot
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "scan.png"
+    assert S.main(["--report", str(out), "--plot", str(png)]) == 0
+    assert capsys.readouterr().out.splitlines() == lines and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_scan_names_what_is_wrong(capsys):
+    S = _scan()
+    with pytest.raises(SystemExit, match="no such preset layer; known: .*llama-3.2-1b:full"):
+        S.main(["--backends", "sdpa_cpu", "--layer", "nope:x", "--op", "decode", "--lengths", "64"])
+    with pytest.raises(SystemExit, match="runs mla_prefill"):
+        S.main(["--backends", "sdpa_cpu", "--layer", "deepseek-v3:mla", "--op", "decode", "--lengths", "64"])
+    with pytest.raises(SystemExit):
+        S.main(["--layer", "llama-3.2-1b:full"])
+    assert "give --backends, --op, --lengths" in capsys.readouterr().err
