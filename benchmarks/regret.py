@@ -3,38 +3,33 @@
     python benchmarks/regret.py sweep --backends vllm_fa3 -o RUN.jsonl [--shard 0/4]   # GPU
     python benchmarks/regret.py report RUN.jsonl [RUN.jsonl ...] [-o SUMMARY.json]       # CPU
 
-`sweep` takes every layer type of the model presets (matrix/data/models.json) and every op it runs, checks
-each backend once on a small problem with the layer's head counts against the reference
-(kernels/reference.py), then times the backends that passed at the op's bucket points (matrix/workloads.py
-BUCKETS) and at held-out points (HELD_OUT). At each point every backend runs on the same inputs and they take
-turns (kernels/interleaved_timing.py `measure_interleaved`: GPU time per call from a CUDA graph, the L2 flushed
-before each replay, `--rounds` rounds each starting from the next backend), so a drift of the GPU's clocks over
-the sweep falls on all of them alike. Give `--backends` every backend to compare in one process: backends timed
-in separate processes are not compared under the same conditions. The medians of the even and of the odd rounds
-are two independent readings of one figure; their ratio is the measurement noise (`workloads.noise`), and
-backends within its p90 of the fastest tie. A killed sweep resumes after its last finished workload (`done`
-lines); a workload it was in the middle of is timed again from its start, and the last reading of a point counts.
+`sweep` takes every layer type of the model presets (matrix/data/models.json) and every op it runs, checks each
+backend once against the reference (kernels/reference.py) on a small problem with the layer's head counts, then
+times those that passed at the op's bucket points (matrix/workloads.py BUCKETS) and held-out points (HELD_OUT), in
+`--dtype` (bfloat16 by default; one dtype per output file). At each point the backends run on the same inputs and
+take turns (kernels/interleaved_timing.py `measure_interleaved`: GPU time per call from a CUDA graph, the L2 flushed
+before each replay, `--rounds` rounds each starting from the next backend), so a drift of the GPU's clocks falls on
+all of them alike: give `--backends` every backend to compare, in one process. The medians of the even and of the
+odd rounds are two readings of one figure; their ratio is the measurement noise (`workloads.noise`), and backends
+within its p90 of the fastest tie. A killed sweep resumes after its last finished workload (`done` lines); a
+workload it was in the middle of is timed again, and the last reading of a point counts.
 
-FA4's CuTe DSL compiles a kernel on its first call at each new configuration. `--warm-only` (with
-`FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`) makes every call once, times nothing and writes nothing (no `-o`):
-run it in parallel shards first, and the timing process loads the compiled kernels from the cache instead of
-compiling between its measurements.
+FA4's CuTe DSL compiles a kernel on its first call at each new configuration: `--warm-only` (with
+`FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`, no `-o`) makes every call once and times nothing; run it in parallel
+shards first, and the timing process loads the compiled kernels from the cache.
 
-vLLM's FlashAttention builds (vllm_fa2, vllm_fa3, vllm_fa4) are timed through vLLM's call: varlen queries,
-the KV cache through `block_table` + `seqused_k` with vLLM's default kernel block size 16
-(vllm-project/vllm v0.33.0 vllm/v1/attention/backends/flash_attn.py `get_supported_kernel_block_sizes`:
-`MultipleOf(16)`; the forward's `flash_attn_varlen_func` call passes `seqused_k` and `block_table`, prefill
-and decode alike). Every other backend is called through its own API on contiguous tensors. Each line says
-which call ran (`entry`, `profile`).
+vLLM's FlashAttention builds (vllm_fa2, vllm_fa3, vllm_fa4) are timed through vLLM's call: varlen queries, the KV
+cache through `block_table` + `seqused_k` with vLLM's default kernel block size 16 (vllm-project/vllm v0.33.0
+vllm/v1/attention/backends/flash_attn.py `get_supported_kernel_block_sizes`: `MultipleOf(16)`; the forward's
+`flash_attn_varlen_func` call passes `seqused_k` and `block_table`, prefill and decode alike). Every other backend
+is called through its own API on contiguous tensors. Each line says which call ran (`entry`, `profile`).
 
-`report` ranks the backends per (layer, op, bucket) on the bucket points (a backend within the noise band of
-the fastest ties with it), then for every held-out point asks the generated selector (attnmatrix/selector.py, whose
-data are the committed sweep files) with the layer's head counts and the point as workload hints, and reports
-regret = the time of its first choice / the fastest time among the backends that passed the check and were timed
-there, and the time lost per call, per query, as geomean and max, beside the noise. Between bucket points the
-selector interpolates each backend's time from the points around (attnmatrix/selector_workloads.py); the report's
-`bucket` column is the nearest bucket point (`workloads.bucket_of`). The first choice of the selector without
-hints (the committed matrix's answer for the layer's cell) is reported beside it.
+`report` ranks the backends per (layer, op, dtype, bucket) on the bucket points, then for every held-out point asks
+the generated selector (attnmatrix/selector.py, whose data are the committed sweep files) with the layer's head
+counts and the point as workload hints, and reports regret = the time of its first choice / the fastest among the
+backends that passed the check and were timed there, and the time lost per call, per query, as geomean and max,
+beside the noise, the first choice without hints and the best of the backends fastest at a bucket point around
+the query (`workloads.around`); `bucket` is the nearest bucket point (`workloads.bucket_of`).
 
 Lines (JSON): {"backend", "kernel_version", "layer", "layers", "op", "case", "batch", "length", "set" ("check" |
 "bucket" | "held_out"), "outcome", "ms" (median of "rounds"), "rounds" (per-call ms, one per round), "calls"
@@ -58,20 +53,25 @@ from attnmatrix.matrix.workloads import Layer, bucket_label, bucket_of
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_BACKENDS = ("vllm_fa2", "vllm_fa3", "vllm_fa4")
 VLLM_BLOCK = 16  # vLLM's default KV block size for its FlashAttention backend (MultipleOf(16))
-DTYPE = "bfloat16"
+DTYPE = "bfloat16"  # the sweep's default; `--dtype float16` times the other (one dtype per sweep file)
 
 
 def presets_path(arg: str | None) -> Path:
     return Path(arg) if arg else W.DEFAULT_MODELS
 
 
-def case_for(layer: Layer, op: str, backend: str, arch: str):
+def dtype_of(row: dict) -> str:
+    """The dtype a sweep row was timed in: its case's (a timed row has its check row's case once read)."""
+    return row["case"].split("/")[3] if row.get("case") else DTYPE
+
+
+def case_for(layer: Layer, op: str, backend: str, arch: str, dtype: str = DTYPE):
     from attnmatrix.matrix.cases import Case
 
     feats = list(layer.features(op))
     if backend in VLLM_BACKENDS:
         feats.append(f"paged_kv:{VLLM_BLOCK}")
-    return Case(arch=arch, backend=backend, op=op, dtype=DTYPE, head_dim=layer.head_dim,
+    return Case(arch=arch, backend=backend, op=op, dtype=dtype, head_dim=layer.head_dim,
                 head_dim_v=layer.head_dim_v, features=tuple(feats))
 
 
@@ -153,8 +153,11 @@ def sweep(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else None
     done = set()
     if out is not None and out.exists():  # a killed sweep resumes: finished workloads are not timed again
-        done = {(r["layer"], r["op"]) for r in W.load_rows([out])
-                if r["set"] == "done" and set(r["backends"]) == set(names)}
+        before = W.load_rows([out])
+        other = sorted({dtype_of(r) for r in before if r["set"] == "check"} - {args.dtype})
+        if other:  # a timed row is read with its check row, by backend, layer and op: one dtype per file
+            raise SystemExit(f"-o {out}: holds {', '.join(other)} timings; a {args.dtype} sweep needs its own file")
+        done = {(r["layer"], r["op"]) for r in before if r["set"] == "done" and set(r["backends"]) == set(names)}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -205,7 +208,7 @@ def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str],
 
     passed = {}
     for name, backend in backends.items():
-        case = case_for(layer, op, name, arch)
+        case = case_for(layer, op, name, arch, getattr(args, "dtype", DTYPE))
         base = {"backend": name, "kernel_version": backend.version(), "layer": layer.name, "layers": same_layers,
                 "op": op, "case": case.key, "heads_q": layer.heads_q, "heads_kv": layer.heads_kv,
                 "profile": profile_of(name), "device": device_name, "arch": arch}
@@ -270,45 +273,49 @@ def expand(rows: list[dict]) -> list[dict]:
 def analyse(rows: list[dict], order=None, placement=None) -> dict:
     """Rankings per bucket, the noise band, and the regret of the selector's first choice on held-out points.
 
-    `order(layer, op, batch=None, length=None)`: the selector's order for the layer's cell, with workload hints
-    when a point is given (`selector_orders`); without one, the regret is that of the bucket's own first choice.
-    `placement(layer, op, batch, length)`: the selector's Placement there (`selector_placements`), whose backends
-    within the interpolation band of the first it says it cannot tell apart."""
-    checks = {(r["backend"], r["layer"], r["op"]): r for r in rows if r["set"] == "check"}
+    A workload is a layer's op in one dtype. `order(layer, op, batch=None, length=None, dtype=DTYPE)`: the
+    selector's order for the layer's cell, with workload hints when a point is given (`selector_orders`); without
+    one, the regret is that of the bucket's own first choice. `placement(layer, op, batch, length, dtype)`: the
+    selector's Placement there (`selector_placements`), whose backends within the interpolation band of the first
+    it says it cannot tell apart."""
+    checks = {(r["backend"], r["layer"], r["op"], dtype_of(r)): r for r in rows if r["set"] == "check"}
     ok = {k for k, r in checks.items() if r["outcome"] == "pass"}
-    times: dict[tuple, float] = {}  # (backend, layer, op, set, batch, length) -> ms
+    times: dict[tuple, float] = {}  # (backend, layer, op, dtype, set, batch, length) -> ms
     for r in rows:
-        if r["set"] in ("bucket", "held_out") and r["outcome"] == "pass" and (r["backend"], r["layer"], r["op"]) in ok:
-            times[(r["backend"], r["layer"], r["op"], r["set"], r["batch"], r["length"])] = r["ms"]
+        key = (r.get("backend"), r.get("layer"), r.get("op"), dtype_of(r))
+        if r["set"] in ("bucket", "held_out") and r["outcome"] == "pass" and key in ok:
+            times[(*key, r["set"], r["batch"], r["length"])] = r["ms"]
     # each timed row once (not once per layer it stands for), of the backends that passed their check
-    spread = W.noise([r for r in rows if (r.get("backend"), r.get("layer"), r.get("op")) in ok
+    spread = W.noise([r for r in rows if (r.get("backend"), r.get("layer"), r.get("op"), dtype_of(r)) in ok
                       and r["layer"] == (r.get("layers") or [r["layer"]])[0]])
     band = spread["p90"] or 1.0
 
-    workloads = sorted({(r["layer"], r["op"]) for r in rows if r["set"] == "check"})
+    workloads = sorted({(r["layer"], r["op"], dtype_of(r)) for r in rows if r["set"] == "check"})
     rankings, queries = {}, []
-    for layer, op in workloads:
+    for layer, op, dtype in workloads:
+        name = f"{layer} {op}" + ("" if dtype == DTYPE else f" {dtype}")  # bfloat16's names as they always were
         for batch, length in W.BUCKETS[op]:
-            cands = sorted((t, k[0]) for k, t in times.items() if k[1:] == (layer, op, "bucket", batch, length))
+            cands = sorted((t, k[0]) for k, t in times.items()
+                           if k[1:] == (layer, op, dtype, "bucket", batch, length))
             if not cands:
                 continue
             best = cands[0][0]
-            rankings[f"{layer} {op} {bucket_label(op, batch, length)}"] = {
+            rankings[f"{name} {bucket_label(op, batch, length)}"] = {
                 "order": [[b, round(t, 5)] for t, b in cands],
                 "tie_within_noise": [b for t, b in cands if t / best <= band],
             }
         for batch, length in W.HELD_OUT[op]:
-            here = {k[0]: t for k, t in times.items() if k[1:] == (layer, op, "held_out", batch, length)}
+            here = {k[0]: t for k, t in times.items() if k[1:] == (layer, op, dtype, "held_out", batch, length)}
             if not here:
                 continue
             bb, bl = bucket_of(op, batch, length)
-            rk = rankings.get(f"{layer} {op} {bucket_label(op, bb, bl)}")
+            rk = rankings.get(f"{name} {bucket_label(op, bb, bl)}")
             fastest = min(here.values())
-            q = {"layer": layer, "op": op, "shape": bucket_label(op, batch, length),
+            q = {"layer": layer, "op": op, "dtype": dtype, "shape": bucket_label(op, batch, length),
                  "bucket": bucket_label(op, bb, bl), "fastest": min(here, key=here.get), "timed": len(here)}
             if order is not None:
-                pick = next((b for b in order(layer, op, batch, length) if b in here), None)
-                plain = next((b for b in order(layer, op) if b in here), None)
+                pick = next((b for b in order(layer, op, batch, length, dtype=dtype) if b in here), None)
+                plain = next((b for b in order(layer, op, dtype=dtype) if b in here), None)
                 q.update(pick_without_hints=plain,
                          regret_without_hints=round(here[plain] / fastest, 4) if plain else None)
             else:
@@ -317,12 +324,12 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
                      lost_us=round((here[pick] - fastest) * 1e3, 2) if pick else None, fastest_ms=fastest)
             # The corner winners' best: of the backends fastest at a bucket point around the query (among those
             # timed here too), the one fastest here. Above 1 where the order at the query is one no point around shows.
-            near = [{k[0]: t for k, t in times.items() if k[1:] == (layer, op, "bucket", *p) and k[0] in here}
+            near = [{k[0]: t for k, t in times.items() if k[1:] == (layer, op, dtype, "bucket", *p) and k[0] in here}
                     for p in W.around(op, batch, length)]
             winners = {min(at, key=at.get) for at in near if at}
             q["grid_bound"] = round(min(here[b] for b in winners) / fastest, 4) if winners else None
             if placement is not None:
-                placed = placement(layer, op, batch, length)
+                placed = placement(layer, op, batch, length, dtype)
                 q["uncertain"] = [b for b, _ in placed.order[:placed.uncertain]] if placed else []
             queries.append(q)
     regrets = [q["regret"] for q in queries if q.get("regret")]
@@ -358,8 +365,8 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
                                "the bucket points around it (workloads.around): an oracle that knew which of the "
                                "nearby winners wins at the query; a rule may still pick a backend that wins nowhere "
                                "near and do better"},
-        "checks": {f"{b} {ly} {op}": r["outcome"] + (f": {r['reason']}" if r.get("reason") else "")
-                   for (b, ly, op), r in sorted(checks.items())},
+        "checks": {f"{b} {ly} {op}" + ("" if dt == DTYPE else f" {dt}"): r["outcome"]
+                   + (f": {r['reason']}" if r.get("reason") else "") for (b, ly, op, dt), r in sorted(checks.items())},
         "rankings": rankings,
         "queries": queries,
     }
@@ -370,8 +377,9 @@ def _r(x: float | None) -> float | None:
 
 
 def selector_orders(rows: list[dict]):
-    """A function (layer, op, batch, length or None) -> the generated selector's order for that layer's cell, with
-    the layer's head counts and the point as workload hints (length None: no hints, the order without them)."""
+    """A function (layer, op, batch, length or None, dtype=) -> the generated selector's order for that layer's
+    cell, with the layer's head counts and the point as workload hints (length None: no hints, the order without
+    them)."""
     from attnmatrix.matrix.cases import Case
 
     from attnmatrix import selector
@@ -381,10 +389,12 @@ def selector_orders(rows: list[dict]):
     layers = {}
     for r in rows:
         if r["set"] == "check":
-            layers.setdefault((r["layer"], r["op"]), (Case.from_key(r["case"]), r["heads_q"], r["heads_kv"]))
+            layers.setdefault((r["layer"], r["op"], dtype_of(r)), (Case.from_key(r["case"]), r["heads_q"],
+                                                                   r["heads_kv"]))
 
-    def order(layer: str, op: str, batch: int | None = None, length: int | None = None) -> list[str]:
-        c, hq, hkv = layers[(layer, op)]
+    def order(layer: str, op: str, batch: int | None = None, length: int | None = None, *,
+              dtype: str = DTYPE) -> list[str]:
+        c, hq, hkv = layers[(layer, op, dtype)]
         params = query_params_of(c.features)
         params.pop("page_size", None)  # the vLLM profile's cache, not a feature of the layer
         if length is not None:
@@ -396,8 +406,8 @@ def selector_orders(rows: list[dict]):
 
 
 def selector_placements(rows: list[dict]):
-    """A function (layer, op, batch, length) -> the generated selector's Placement of the layer's backends at that
-    point (selector_workloads.place, through the engine the selector's data make), or None."""
+    """A function (layer, op, batch, length, dtype) -> the generated selector's Placement of the layer's backends at
+    that point (selector_workloads.place, through the engine the selector's data make), or None."""
     from attnmatrix.matrix.cases import Case
 
     from attnmatrix import selector
@@ -406,10 +416,11 @@ def selector_placements(rows: list[dict]):
     layers = {}
     for r in rows:
         if r["set"] == "check":
-            layers.setdefault((r["layer"], r["op"]), (Case.from_key(r["case"]), r["heads_q"], r["heads_kv"]))
+            layers.setdefault((r["layer"], r["op"], dtype_of(r)), (Case.from_key(r["case"]), r["heads_q"],
+                                                                   r["heads_kv"]))
 
-    def placement(layer: str, op: str, batch: int, length: int):
-        c, hq, hkv = layers[(layer, op)]
+    def placement(layer: str, op: str, batch: int, length: int, dtype: str = DTYPE):
+        c, hq, hkv = layers[(layer, op, dtype)]
         feats = tuple(t for t in c.features if not t.startswith("paged_kv:"))
         hints = {"num_heads": hq, "num_kv_heads": hkv, "batch_size": batch, LENGTH_HINT[op]: length}
         return selector._ENGINE.workload_order(c.arch, op, c.dtype, c.head_dim, c.head_dim_v, feats, hints)
@@ -467,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                    "line, same backends) is not timed again, so a killed sweep resumes")
     s.add_argument("--presets", help=f"models file (default matrix/data/{W.DEFAULT_MODELS.name})")
     s.add_argument("--shard", default="0/1", help="i/n: this process takes every n-th workload from i")
+    s.add_argument("--dtype", choices=("bfloat16", "float16"), default=DTYPE, help="one dtype per output file")
     s.add_argument("--rounds", type=int, default=6,
                    help="rounds of turns per point, at least 2 (each backend once per round)")
     s.add_argument("--warm-only", action="store_true",

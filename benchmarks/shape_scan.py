@@ -81,7 +81,7 @@ def scan(args: argparse.Namespace) -> list[dict]:
     t0 = time.monotonic()
     try:
         status = regret.time_workload(backends, layer, args.op, [layer.name], arch, device, device_name, emit,
-                                      argparse.Namespace(warm_only=False, rounds=args.rounds),
+                                      argparse.Namespace(warm_only=False, rounds=args.rounds, dtype=args.dtype),
                                       points=(("scan", points),))
     finally:
         if out is not None:
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--op", choices=sorted(W.BUCKETS), help="the layer's op to time")
     ap.add_argument("--batch", type=axis, default=[1], help="batch sizes: 1,2,4 or START:STOP:STEP (default 1)")
     ap.add_argument("--lengths", type=axis, help="tokens per sequence (prefill) or context (decode), as --batch")
+    ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16", help="(default bfloat16)")
     ap.add_argument("--rounds", type=int, default=6, help="rounds of turns per point (default 6)")
     ap.add_argument("--presets", help="models file (default matrix/data/models.json)")
     ap.add_argument("-o", "--output", help="JSON Lines of the scan (overwritten)")

@@ -116,6 +116,15 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     assert result["regret"]["queries"] == 2 and result["regret"]["max"] == 1.0  # one backend: its own best
     assert result["rankings"]["tiny:global prefill b2_s128"]["order"][0][0] == "sdpa_cpu"
     assert result["grid_bound"]["queries"] == 2 and result["grid_bound"]["max"] == 1.0
+    # float16 is timed into a file of its own, and ranked apart from bfloat16
+    with pytest.raises(SystemExit, match="holds bfloat16 timings; a float16 sweep needs its own file"):
+        R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(out), "--presets", str(presets), "--dtype", "float16"])
+    half = tmp_path / "run-fp16.jsonl"
+    assert R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(half), "--presets", str(presets),
+                   "--dtype", "float16", "--rounds", "2"]) == 0
+    both = R.analyse(W.load_rows([out, half]))
+    assert {q["dtype"] for q in both["queries"]} == {"bfloat16", "float16"} and both["regret"]["queries"] == 4
+    assert {"tiny:global prefill float16 b2_s128", "tiny:global prefill b2_s128"} <= set(both["rankings"])
     noise, orders = W.bucket_orders(rows)
     assert noise["points"] == 6 and len(orders) == 4  # the capped layer's check was refused: not ranked
 
