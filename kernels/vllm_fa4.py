@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+import importlib.util
 import os
 import re
 import sys
@@ -155,11 +156,21 @@ def _register_namespace(name: str, path: Path) -> None:
 
 
 def import_cute():
-    """Import `vllm.vllm_flash_attn.cute.interface` from the extracted copy (or an installed vLLM)."""
+    """Import `vllm.vllm_flash_attn.cute.interface` from the extracted copy (or an installed vLLM).
+
+    Where a `vllm.vllm_flash_attn` without `cute` is already imported (vLLM's FA2/FA3 builds from another folder,
+    scripts/vllm-fa-site.py, as the vllm_fa3 backend loads them), that package also searches the extracted copy,
+    so the backends of one process (a workload sweep times them in turns) each find their own."""
     root = source_dir()
-    if (root / CUTE_SUBDIR / "interface.py").is_file() and "vllm" not in sys.modules:
-        _register_namespace("vllm", root / "vllm")
-        _register_namespace("vllm.vllm_flash_attn", root / "vllm" / "vllm_flash_attn")
+    if (root / CUTE_SUBDIR / "interface.py").is_file():
+        if "vllm" not in sys.modules:
+            _register_namespace("vllm", root / "vllm")
+            _register_namespace("vllm.vllm_flash_attn", root / "vllm" / "vllm_flash_attn")
+        elif importlib.util.find_spec(PACKAGE) is None:
+            extra = str(root / "vllm" / "vllm_flash_attn")
+            search = importlib.import_module("vllm.vllm_flash_attn").__path__
+            if extra not in list(search):
+                search.append(extra)
     return importlib.import_module(f"{PACKAGE}.interface")
 
 

@@ -152,3 +152,26 @@ def test_xcompile_takes_only_backends_that_compile_without_a_gpu(tmp_path):
     r = CliRunner().invoke(main, ["xcompile", "--backends", "fa2", "--arch", "sm_100a", "-o", out])
     assert r.exit_code == 2 and "fa2 cannot be cross-compiled" in r.output and "vllm_fa4" in r.output
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_the_extracted_copy_is_found_after_vllms_fa3_build_was_imported_from_another_folder(tmp_path):
+    """A sweep imports vLLM's FA2/FA3 builds (their own `vllm` package, scripts/vllm-fa-site.py) before vllm_fa4:
+    the extracted FA4 copy must still be what `vllm.vllm_flash_attn.cute` resolves to."""
+    import subprocess
+    import sys
+
+    site, extracted = tmp_path / "vllm-fa", tmp_path / "vllm-fa4"
+    (site / "vllm" / "vllm_flash_attn").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / "vllm" / "vllm_flash_attn" / "__init__.py").write_text("FA3 = True\n")
+    cute = extracted / "vllm" / "vllm_flash_attn" / "cute"
+    cute.mkdir(parents=True)
+    (cute / "__init__.py").write_text("")
+    (cute / "interface.py").write_text("_flash_attn_fwd = 'the extracted copy'\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import vllm.vllm_flash_attn as fa; assert fa.FA3\n"
+            "from attnmatrix.kernels import vllm_fa4\n"
+            "print(vllm_fa4.import_cute()._flash_attn_fwd, vllm_fa4.import_cute()._flash_attn_fwd)")
+    r = subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "ATTNMATRIX_VLLM_FA4_DIR": str(extracted)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "the extracted copy the extracted copy"
