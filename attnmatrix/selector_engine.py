@@ -371,14 +371,14 @@ class Engine:
         placed = self.workload_order(arch, op, dtype, head_dim, head_dim_v, feats, hints)
         if placed is not None:
             timed, tied = dict(placed.order), dict(placed.order[:placed.ties])
-            guess = dict(placed.order[:placed.uncertain]) if placed.uncertain > 1 else {}
+            guess = dict(placed.order[:placed.uncertain]) if placed.uncertain > 1 and not placed.exact else {}
             spread = self.data.get("workload_interpolation_band", 1.0)
             for a in ordered:
                 where = (f"{timed[a.backend]:.6g} ms" if a.backend in timed else "not timed there")
                 tie = ", tied with the fastest within the measurement noise" if a.backend in tied else ""
-                if a.backend in guess and a.backend not in tied:
-                    tie = (f", within the interpolation error ({spread:.3g}x) of the fastest: between timed points "
-                           f"the timings cannot tell {', '.join(guess)} apart")
+                if a.backend in guess:
+                    tie = (f"{tie}, within the interpolation error ({spread:.3g}x) of the fastest: between timed "
+                           f"points the timings cannot tell {', '.join(guess)} apart")
                 out[a.backend] += f"; placed by the workload hints' timings instead ({placed.basis()}): {where}{tie}"
         for a in sorted(answers, key=lambda a: a.backend):
             if a.backend not in out:

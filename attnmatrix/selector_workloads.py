@@ -154,10 +154,11 @@ def place(rows, op, hints, band=1.0, spread=1.0):
     if point in by_point:  # a timed point: its own order
         r = by_point[point]
         return Placement(heads, batch, length, (point,), True, r[5], r[4])
-    if batch is None or length is None:  # one axis hinted: the timed point nearest on it
+    if batch is None or length is None:  # one axis hinted: the timed point nearest on it, the other axis unknown
         near = nearest_point(sorted(by_point), batch, length)
         r = by_point[near]
-        return Placement(heads, near[0], near[1], (near,), False, r[5], r[4])
+        uncertain = sum(1 for _, ms in r[5] if ms / r[5][0][1] <= spread) if r[5] else 0
+        return Placement(heads, near[0], near[1], (near,), False, r[5], r[4], uncertain)
     weights = {p: w for p, w in _weights(by_point, batch, length).items() if w > 0}
     timed = {p: dict(by_point[p][5]) for p in weights}
     est = {}

@@ -293,7 +293,7 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
     workloads = sorted({(r["layer"], r["op"], dtype_of(r)) for r in rows if r["set"] == "check"})
     rankings, queries = {}, []
     for layer, op, dtype in workloads:
-        name = f"{layer} {op}" + ("" if dtype == DTYPE else f" {dtype}")  # bfloat16's names as they always were
+        name = f"{layer} {op}" + ("" if dtype == DTYPE else f" {dtype}")  # the default dtype's names: no suffix
         for batch, length in W.BUCKETS[op]:
             cands = sorted((t, k[0]) for k, t in times.items()
                            if k[1:] == (layer, op, dtype, "bucket", batch, length))
@@ -327,7 +327,7 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
             near = [{k[0]: t for k, t in times.items() if k[1:] == (layer, op, dtype, "bucket", *p) and k[0] in here}
                     for p in W.around(op, batch, length)]
             winners = {min(at, key=at.get) for at in near if at}
-            q["grid_bound"] = round(min(here[b] for b in winners) / fastest, 4) if winners else None
+            q["nearby_winners_best"] = round(min(here[b] for b in winners) / fastest, 4) if winners else None
             if placement is not None:
                 placed = placement(layer, op, batch, length, dtype)
                 q["uncertain"] = [b for b, _ in placed.order[:placed.uncertain]] if placed else []
@@ -335,13 +335,13 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
     regrets = [q["regret"] for q in queries if q.get("regret")]
     over = [q for q in queries if (q.get("regret") or 0) > 1.10]
     plain = [q["regret_without_hints"] for q in queries if q.get("regret_without_hints")]
-    bound = [q["grid_bound"] for q in queries if q.get("grid_bound")]
+    bound = [q["nearby_winners_best"] for q in queries if q.get("nearby_winners_best")]
     # a choice the selector marked as a guess: the fastest was among the backends it could not tell apart
     flagged = [q for q in over if q.get("pick") in q.get("uncertain", ()) and q["fastest"] in q.get("uncertain", ())]
     # the selector's answers split by whether it could tell the backends apart at the shape (one backend within the
     # interpolation band of the first) or marked the order as a guess
-    sure = [q["regret"] for q in queries if q.get("regret") and len(q.get("uncertain", ())) <= 1]
-    guess = [q["regret"] for q in queries if q.get("regret") and len(q.get("uncertain", ())) > 1]
+    sure = [q["regret"] for q in queries if q.get("regret") and len(q.get("uncertain") or ()) == 1]
+    guess = [q["regret"] for q in queries if q.get("regret") and len(q.get("uncertain") or ()) > 1]
     return {
         "noise": {**spread,
                   "what": "slower/faster of the medians of the even and of the odd rounds of one backend at one "
@@ -359,7 +359,7 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
                    "sure": {"queries": len(sure), "geomean": _r(geomean(sure)), "max": max(sure, default=None)},
                    "guess": {"queries": len(guess), "geomean": _r(geomean(guess)), "max": max(guess, default=None)}},
         "regret_without_hints": {"queries": len(plain), "geomean": _r(geomean(plain)), "max": max(plain, default=None)},
-        "grid_bound": {"queries": len(bound), "geomean": _r(geomean(bound)), "max": max(bound, default=None),
+        "nearby_winners_best": {"queries": len(bound), "geomean": _r(geomean(bound)), "max": max(bound, default=None),
                        "over_1.10": sum(1 for x in bound if x > 1.10),
                        "what": "per held-out query, the regret of the best of the backends that are fastest at one of "
                                "the bucket points around it (workloads.around): an oracle that knew which of the "
@@ -458,14 +458,14 @@ def report(args: argparse.Namespace) -> int:
               f"max {guess['max']}")
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
           f"max {s['regret_without_hints']['max']}")
-    b = s["grid_bound"]
+    b = s["nearby_winners_best"]
     print(f"the nearby winners' best (of the backends fastest at a bucket point around each query, the fastest at "
           f"it): geomean {b['geomean']}, max {b['max']} over {b['queries']} queries ({b['over_1.10']} over 1.10)")
     for q in result["queries"]:
         print(f"  {q['layer']:24} {q['op']:11} {q['shape']:12} bucket {q['bucket']:12} pick {q.get('pick')!s:14} "
               f"regret {q.get('regret')!s:7} ({q.get('lost_us')!s:>6} us) fastest {q['fastest']:14} "
               f"no-hints {q.get('pick_without_hints')!s:14} "
-              f"{q.get('regret_without_hints')!s:7} nearby-winners {q.get('grid_bound')}")
+              f"{q.get('regret_without_hints')!s:7} nearby-winners {q.get('nearby_winners_best')}")
     return 0
 
 

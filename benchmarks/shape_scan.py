@@ -13,13 +13,15 @@ backends take turns on the same inputs, each from a CUDA graph with the L2 flush
 point. The table gives each point's backends fastest first with their time relative to the fastest; a point of the
 workload grid (matrix/workloads.py BUCKETS) is marked `*`: between them is where the grid cannot see.
 
-Lines (JSON), as regret.py's sweep writes them, with "set": "scan".
+Lines (JSON): regret.py's sweep rows, each whole (not compacted), with "set": "scan". `-o` writes a new file or
+replaces a scan file (a file of other rows is refused, untouched), atomically: a killed scan leaves the old one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,11 +36,13 @@ def axis(text: str) -> list[int]:
     try:
         if ":" in text:
             start, stop, step = (int(x) for x in text.split(":"))
+            if step < 1:
+                raise ValueError
             values = list(range(start, stop + 1, step))
         else:
             values = [int(x) for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a comma list of integers or START:STOP:STEP") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma list of integers or START:STOP:STEP (STEP >= 1)") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: every value must be at least 1")
     return values
@@ -51,6 +55,37 @@ def find_layer(name: str, presets: str | None) -> W.Layer:
     return layers[name]
 
 
+def read_scan(path: str) -> list[dict]:
+    """The rows of a scan file; a file that is not one (unreadable, not JSON Lines, other rows) is refused."""
+    rows = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise SystemExit(f"{path}: cannot read ({e.strerror})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise SystemExit(f"{path}:{n}: not JSON ({e})") from None
+        if not isinstance(row, dict) or row.get("set") not in ("check", "scan"):
+            raise SystemExit(f"{path}:{n}: not a scan row (a JSON object with set check or scan)")
+        rows.append(row)
+    return rows
+
+
+def replace_atomically(path: str, write) -> None:
+    """`write(tmp)` into a temporary file beside `path`, then put it in `path`'s place in one step."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def scan(args: argparse.Namespace) -> list[dict]:
     import torch
     from attnmatrix.kernels.base import load_backend
@@ -58,7 +93,12 @@ def scan(args: argparse.Namespace) -> list[dict]:
     layer = find_layer(args.layer, args.presets)
     if args.op not in layer.ops():
         raise SystemExit(f"--op {args.op}: {layer.name} runs {', '.join(layer.ops())}")
-    backends = {b: load_backend(b) for b in args.backends.split(",")}
+    if args.output and os.path.exists(args.output):
+        read_scan(args.output)  # only a scan file is replaced
+    try:
+        backends = {b: load_backend(b) for b in args.backends.split(",")}
+    except KeyError as e:
+        raise SystemExit(f"--backends: unknown backend {e} (matrix/data/backends.json lists them)") from None
     devices = {b.device for b in backends.values()}
     if len(devices) != 1:
         raise SystemExit(f"--backends {args.backends}: one device at a time (got {sorted(devices)})")
@@ -70,23 +110,14 @@ def scan(args: argparse.Namespace) -> list[dict]:
         arch, device_name = "cpu", "cpu"
     points = [(b, n) for b in args.batch for n in args.lengths]
     rows: list[dict] = []
-    out = open(args.output, "w", encoding="utf-8") if args.output else None  # noqa: SIM115 - closed below
-
-    def emit(row: dict) -> None:
-        rows.append(row)
-        if out is not None:
-            out.write(json.dumps(row, sort_keys=True) + "\n")
-            out.flush()
-
     t0 = time.monotonic()
-    try:
-        status = regret.time_workload(backends, layer, args.op, [layer.name], arch, device, device_name, emit,
-                                      argparse.Namespace(warm_only=False, rounds=args.rounds, dtype=args.dtype),
-                                      points=(("scan", points),))
-    finally:
-        if out is not None:
-            out.close()
+    status = regret.time_workload(backends, layer, args.op, [layer.name], arch, device, device_name, rows.append,
+                                  argparse.Namespace(warm_only=False, rounds=args.rounds, dtype=args.dtype),
+                                  points=(("scan", points),))
     print(f"{len(points)} points in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    if args.output:
+        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+        replace_atomically(args.output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     if status:
         raise SystemExit(status)
     return rows
@@ -135,7 +166,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_title(f"{timed[0]['layer']} {op} on {timed[0].get('device', '?')} (dotted: workload grid)")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
+    replace_atomically(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, metadata={"Software": None}))
     plt.close(fig)
 
 
@@ -153,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", metavar="FILE", help="print the table of a scan file instead of timing")
     ap.add_argument("--plot", metavar="PNG", help="also plot each backend's time against the length")
     args = ap.parse_args(argv)
+    if args.plot and os.path.exists(args.plot) and Path(args.plot).read_bytes()[:8] != b"\x89PNG\r\n\x1a\n":
+        ap.error(f"--plot {args.plot}: exists and is not a PNG; left untouched")
     if args.report:
-        rows = [json.loads(line) for line in Path(args.report).read_text(encoding="utf-8").splitlines() if line]
+        rows = read_scan(args.report)
     else:
         missing = [f"--{n}" for n in ("backends", "layer", "op", "lengths") if not getattr(args, n)]
         if missing:

@@ -155,6 +155,13 @@ def _register_namespace(name: str, path: Path) -> None:
     sys.modules[name] = mod
 
 
+def _cute_missing() -> bool:
+    try:
+        return importlib.util.find_spec(PACKAGE) is None
+    except ModuleNotFoundError:  # an imported vllm without vllm_flash_attn: the import below says so
+        return False
+
+
 def import_cute():
     """Import `vllm.vllm_flash_attn.cute.interface` from the extracted copy (or an installed vLLM).
 
@@ -166,7 +173,7 @@ def import_cute():
         if "vllm" not in sys.modules:
             _register_namespace("vllm", root / "vllm")
             _register_namespace("vllm.vllm_flash_attn", root / "vllm" / "vllm_flash_attn")
-        elif importlib.util.find_spec(PACKAGE) is None:
+        elif _cute_missing():
             extra = str(root / "vllm" / "vllm_flash_attn")
             search = importlib.import_module("vllm.vllm_flash_attn").__path__
             if extra not in list(search):

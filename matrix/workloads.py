@@ -138,8 +138,9 @@ def interpolation_error(orders: dict) -> dict:
     """How far a backend's time at a bucket point is from the log-midpoint of its two neighbours on one axis (a
     factor of 2 on either side), over every such point of `orders` (`bucket_orders`): the error of reading a
     backend's time between timed points. Its p90 is the band within which two backends placed between points
-    cannot be told apart (the selector's `workload_interpolation_band`). Neighbours a factor of 4 apart make it an
-    upper estimate for a query at most a factor of sqrt(2) from a point."""
+    cannot be told apart (the selector's `workload_interpolation_band`). It is the error at grid points, all of
+    whose lengths are multiples of the kernels' tiles: it does not bound the error at a length past a multiple of
+    the tile, where a kernel's time can jump further (benchmarks/shape_scan.py)."""
     series: dict[tuple, dict[tuple[int, int], float]] = {}
     for key, (order, _) in orders.items():
         for backend, ms in order:

@@ -22,7 +22,7 @@ def test_axis_takes_lists_and_ranges_with_the_stop_included():
     S = _scan()
     assert S.axis("1,2,4") == [1, 2, 4]
     assert S.axis("256:512:128") == [256, 384, 512]
-    for bad in ("0,1", "a", "1:2", "8:4:1"):
+    for bad in ("0,1", "a", "1:2", "8:4:1", "512:256:-32"):
         with pytest.raises(Exception, match="integers|at least 1"):
             S.axis(bad)
 
@@ -54,3 +54,28 @@ def test_a_scan_names_what_is_wrong(capsys):
     with pytest.raises(SystemExit):
         S.main(["--layer", "llama-3.2-1b:full"])
     assert "give --backends, --op, --lengths" in capsys.readouterr().err
+
+
+def test_a_scan_replaces_only_a_scan_file_and_plots_only_over_a_png(tmp_path, capsys):
+    S = _scan()
+    theirs = tmp_path / "notes.jsonl"
+    theirs.write_text('{"mine": 1}\n')
+    args = ["--backends", "sdpa_cpu", "--layer", "llama-3.2-1b:full", "--op", "decode", "--lengths", "64",
+            "--rounds", "2"]
+    with pytest.raises(SystemExit, match="notes.jsonl:1: not a scan row"):
+        S.main([*args, "-o", str(theirs)])
+    assert theirs.read_text() == '{"mine": 1}\n'
+    picture = tmp_path / "plot.png"
+    picture.write_text("not a picture")
+    with pytest.raises(SystemExit):
+        S.main([*args, "--plot", str(picture)])
+    assert "exists and is not a PNG" in capsys.readouterr().err and picture.read_text() == "not a picture"
+    with pytest.raises(SystemExit, match="unknown backend 'nope'"):
+        S.main(["--backends", "nope", "--layer", "llama-3.2-1b:full", "--op", "decode", "--lengths", "64"])
+    with pytest.raises(SystemExit, match="cannot read"):
+        S.main(["--report", str(tmp_path / "missing.jsonl")])
+    ours = tmp_path / "scan.jsonl"
+    assert S.main([*args, "-o", str(ours)]) == 0
+    assert S.main([*args, "-o", str(ours)]) == 0  # a scan file is replaced
+    assert [json.loads(line)["set"] for line in ours.read_text().splitlines()] == ["check", "scan"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.jsonl", "plot.png", "scan.jsonl"]  # no temp left

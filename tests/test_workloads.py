@@ -115,7 +115,7 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     assert result["noise"]["points"] == 6 and result["noise"]["p90"] >= 1.0
     assert result["regret"]["queries"] == 2 and result["regret"]["max"] == 1.0  # one backend: its own best
     assert result["rankings"]["tiny:global prefill b2_s128"]["order"][0][0] == "sdpa_cpu"
-    assert result["grid_bound"]["queries"] == 2 and result["grid_bound"]["max"] == 1.0
+    assert result["nearby_winners_best"]["queries"] == 2 and result["nearby_winners_best"]["max"] == 1.0
     # float16 is timed into a file of its own, and ranked apart from bfloat16
     with pytest.raises(SystemExit, match="holds bfloat16 timings; a float16 sweep needs its own file"):
         R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(out), "--presets", str(presets), "--dtype", "float16"])
@@ -143,7 +143,7 @@ def _timed(backend: str, batch: int, length: int, ms: float, kind: str = "bucket
             "outcome": "pass", "ms": ms, "rounds": [ms, ms]}
 
 
-def test_the_grid_bound_is_the_best_backend_that_wins_at_a_point_around_the_query(monkeypatch):
+def test_the_nearby_winners_best_is_the_best_backend_that_wins_at_a_point_around_the_query(monkeypatch):
     R = _regret()
     monkeypatch.setattr(W, "BUCKETS", {"decode": ((2, 64), (2, 128), (4, 64), (4, 128))})
     monkeypatch.setattr(W, "HELD_OUT", {"decode": ((3, 100),)})
@@ -161,8 +161,8 @@ def test_the_grid_bound_is_the_best_backend_that_wins_at_a_point_around_the_quer
             _timed("c", 3, 100, 1.0, "held_out")]
     result = R.analyse(checks + grid + held)
     (q,) = result["queries"]
-    assert q["fastest"] == "c" and q["grid_bound"] == 1.2  # b, the far corner's winner, not a (1.5)
-    assert result["grid_bound"] == {**result["grid_bound"], "queries": 1, "max": 1.2, "over_1.10": 1}
+    assert q["fastest"] == "c" and q["nearby_winners_best"] == 1.2  # b, the far corner's winner, not a (1.5)
+    assert result["nearby_winners_best"] == {**result["nearby_winners_best"], "queries": 1, "max": 1.2, "over_1.10": 1}
     # with the selector's placement: its order a guess between a and b (both within its interpolation band)
     from attnmatrix.selector_workloads import Placement
 
@@ -270,6 +270,11 @@ def test_explain_says_composed_and_which_timings_placed_a_backend():
     assert "within the interpolation error (3x) of the fastest" in between["fa2"]
     assert "cannot tell vllm_fa3, fa2 apart" in between["fa2"]
     assert "interpolation error" not in why["fa2"]  # at a timed point the timings are the answer
+    # tied within the noise and a guess too: both said
+    eng.data["workload_band"] = 3.0
+    both = eng.explain((9, 0), 128, op="decode", causal=False, gqa=True, num_heads=32, num_kv_heads=8,
+                       batch_size=10, context_len=6000)
+    assert "tied with the fastest within the measurement noise, within the interpolation error" in both["fa2"]
 
 
 def test_placements_between_points_mark_the_backends_the_interpolation_error_cannot_tell_apart():
@@ -282,6 +287,8 @@ def test_placements_between_points_mark_the_backends_the_interpolation_error_can
     assert place(rows, "prefill", {"batch_size": 1, "seq_len": 1000}, band=1.01).uncertain == 1
     at_point = place(rows, "prefill", {"batch_size": 1, "seq_len": 100}, band=1.01, spread=1.5)
     assert at_point.exact and at_point.uncertain == at_point.ties == 1  # measured there: no guess
+    one_axis = place(rows, "prefill", {"seq_len": 100}, band=1.01, spread=1.5)
+    assert not one_axis.exact and one_axis.uncertain == 2  # the batch is unknown: as sure as an interpolation
 
 
 def test_interpolation_error_is_how_far_a_point_is_from_its_neighbours_midpoint():
