@@ -14,28 +14,27 @@ odd rounds are two readings of one figure; their ratio is the measurement noise 
 within its p90 of the fastest tie. A killed sweep resumes after its last finished workload (`done` lines); a
 workload it was in the middle of is timed again, and the last reading of a point counts.
 
-FA4's CuTe DSL compiles a kernel on its first call at each new configuration: `--warm-only` (with
+FA4 compiles a kernel on its first call at each new configuration: `--warm-only` (with
 `FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`, no `-o`) makes every call once and times nothing; run it in parallel
 shards first, and the timing process loads the compiled kernels from the cache.
 
-vLLM's FlashAttention builds (vllm_fa2, vllm_fa3, vllm_fa4) are timed through vLLM's call: varlen queries, the KV
-cache through `block_table` + `seqused_k` with vLLM's default kernel block size 16 (vllm-project/vllm v0.33.0
-vllm/v1/attention/backends/flash_attn.py `get_supported_kernel_block_sizes`: `MultipleOf(16)`; the forward's
-`flash_attn_varlen_func` call passes `seqused_k` and `block_table`, prefill and decode alike). Every other backend
-is called through its own API on contiguous tensors. Each line says which call ran (`entry`, `profile`).
+vLLM's FlashAttention builds (vllm_fa2/3/4) are timed through vLLM's call: varlen queries, the KV cache through
+`block_table` + `seqused_k` with vLLM's default block size 16 (vllm-project/vllm v0.33.0 vllm/v1/attention/backends/
+flash_attn.py: `get_supported_kernel_block_sizes` gives `MultipleOf(16)`; the forward passes `seqused_k` and
+`block_table` to `flash_attn_varlen_func`, prefill and decode alike); the others through their own API on
+contiguous tensors. Each line says which call ran (`entry`, `profile`).
 
-`report` ranks the backends per (layer, op, dtype, bucket) on the bucket points, then for every held-out point asks
-the generated selector (attnmatrix/selector.py, whose data are the committed sweep files) with the layer's head
-counts and the point as workload hints, and reports regret = the time of its first choice / the fastest among the
-backends that passed the check and were timed there, and the time lost per call, per query, as geomean and max,
-beside the noise, the first choice without hints and the best of the backends fastest at a bucket point around
-the query (`workloads.around`); `bucket` is the nearest bucket point (`workloads.bucket_of`).
+`report` ranks the backends per (layer, op, dtype, bucket), then asks the generated selector (whose data are the
+committed sweep files) at every held-out point with the layer's heads and the point as workload hints, and reports
+regret = its first choice's time / the fastest that passed the check, and the time lost per call, per query and as
+geomean and max, beside the noise, the first choice without hints and the best of the backends fastest at a bucket
+point around the query (`workloads.around`); `bucket` is the nearest bucket point (`workloads.bucket_of`).
 
 Lines (JSON): {"backend", "kernel_version", "layer", "layers", "op", "case", "batch", "length", "set" ("check" |
-"bucket" | "held_out"), "outcome", "ms" (median of "rounds"), "rounds" (per-call ms, one per round), "calls"
-(per replay), "copies" (of the inputs, taken in turn), "method", "note", "reason", "entry", "profile", "heads_q",
-"heads_kv", "device", "arch"}; after each finished workload {"set": "done", "layer", "op", "backends"}.
-"""
+"bucket" | "held_out"), "outcome", "ms" (median of "rounds": per-call ms, one per round), "calls" (per replay),
+"copies" (of the inputs), "method", "note", "reason", "entry", "profile", "heads_q", "heads_kv", "device", "arch"};
+after each finished workload {"set": "done", "layer", "op", "backends"}. Timed rows leave out what their check
+row says (`workloads.compact`)."""
 
 from __future__ import annotations
 
@@ -122,20 +121,10 @@ def _check(backend, case, layer: Layer, op: str) -> tuple[str, str | None, str |
 
 
 def sweep(args: argparse.Namespace) -> int:
-    import torch
-    from attnmatrix.kernels.base import load_backend
-
     names = args.backends.split(",")
-    backends = {b: load_backend(b) for b in names}
-    devices = {b.device for b in backends.values()}
-    if len(devices) != 1:
-        raise SystemExit(f"--backends {args.backends}: one device at a time (got {sorted(devices)})")
-    device = devices.pop()
-    if device == "cuda":
-        major, minor = torch.cuda.get_device_capability()
-        arch, device_name = f"sm_{major}{minor}", torch.cuda.get_device_name()
-    else:
-        arch, device_name = "cpu", "cpu"
+    from attnmatrix.kernels.base import load_device_backends
+
+    backends, device, arch, device_name = load_device_backends(args.backends)
     layers = W.load_presets(presets_path(args.presets))
     # Layers the kernel cannot tell apart (same heads, head dims, features, window) are timed once; the row
     # names every layer it stands for (`layers`).

@@ -87,27 +87,14 @@ def replace_atomically(path: str, write) -> None:
 
 
 def scan(args: argparse.Namespace) -> list[dict]:
-    import torch
-    from attnmatrix.kernels.base import load_backend
-
     layer = find_layer(args.layer, args.presets)
     if args.op not in layer.ops():
         raise SystemExit(f"--op {args.op}: {layer.name} runs {', '.join(layer.ops())}")
     if args.output and os.path.exists(args.output):
         read_scan(args.output)  # only a scan file is replaced
-    try:
-        backends = {b: load_backend(b) for b in args.backends.split(",")}
-    except KeyError as e:
-        raise SystemExit(f"--backends: unknown backend {e} (matrix/data/backends.json lists them)") from None
-    devices = {b.device for b in backends.values()}
-    if len(devices) != 1:
-        raise SystemExit(f"--backends {args.backends}: one device at a time (got {sorted(devices)})")
-    device = devices.pop()
-    if device == "cuda":
-        major, minor = torch.cuda.get_device_capability()
-        arch, device_name = f"sm_{major}{minor}", torch.cuda.get_device_name()
-    else:
-        arch, device_name = "cpu", "cpu"
+    from attnmatrix.kernels.base import load_device_backends
+
+    backends, device, arch, device_name = load_device_backends(args.backends)
     points = [(b, n) for b in args.batch for n in args.lengths]
     rows: list[dict] = []
     t0 = time.monotonic()

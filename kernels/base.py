@@ -72,3 +72,19 @@ def load_backend(name: str) -> Backend:
         return registry.load(name)
     except B.RegistryError as e:
         raise KeyError(str(e)) from None
+
+
+def load_device_backends(names: str) -> tuple[dict[str, Backend], str, str, str]:
+    """(backends by name, their one device, its arch, its name) for a comma-separated `--backends` list; an unknown
+    name, or backends of two devices, exit with a message naming them."""
+    from .env import local_arch
+
+    try:
+        backends = {b: load_backend(b) for b in names.split(",")}
+    except KeyError as e:
+        raise SystemExit(f"--backends: unknown backend {e} (matrix/data/backends.json lists them)") from None
+    devices = {b.device for b in backends.values()}
+    if len(devices) != 1:
+        raise SystemExit(f"--backends {names}: one device at a time (got {sorted(devices)})")
+    device = devices.pop()
+    return backends, device, local_arch(device), torch.cuda.get_device_name() if device == "cuda" else "cpu"
