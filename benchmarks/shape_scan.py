@@ -56,22 +56,16 @@ def find_layer(name: str, presets: str | None) -> W.Layer:
 
 
 def read_scan(path: str) -> list[dict]:
-    """The rows of a scan file; a file that is not one (unreadable, not JSON Lines, other rows) is refused."""
-    rows = []
+    """The rows of a scan file (read as sweep files are, `workloads.load_rows`); a file that is not one is refused."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        rows = W.load_rows([Path(path)])
     except OSError as e:
         raise SystemExit(f"{path}: cannot read ({e.strerror})") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise SystemExit(f"{path}:{n}: not JSON ({e})") from None
-        if not isinstance(row, dict) or row.get("set") not in ("check", "scan"):
-            raise SystemExit(f"{path}:{n}: not a scan row (a JSON object with set check or scan)")
-        rows.append(row)
+    except W.PresetError as e:
+        raise SystemExit(str(e)) from None
+    other = sorted({str(r["set"]) for r in rows} - {"check", "scan"})
+    if other:
+        raise SystemExit(f"{path}: not a scan file (it holds {', '.join(other)} rows)")
     return rows
 
 

@@ -60,11 +60,15 @@ def test_a_scan_replaces_only_a_scan_file_and_plots_only_over_a_png(tmp_path, ca
     S = _scan()
     theirs = tmp_path / "notes.jsonl"
     theirs.write_text('{"mine": 1}\n')
+    sweep = tmp_path / "sweep.jsonl"
+    sweep.write_text('{"set": "done", "layer": "m:l", "op": "decode", "backends": []}\n')
     args = ["--backends", "sdpa_cpu", "--layer", "llama-3.2-1b:full", "--op", "decode", "--lengths", "64",
             "--rounds", "2"]
-    with pytest.raises(SystemExit, match="notes.jsonl:1: not a scan row"):
+    with pytest.raises(SystemExit, match="notes.jsonl:1: not a sweep row"):
         S.main([*args, "-o", str(theirs)])
     assert theirs.read_text() == '{"mine": 1}\n'
+    with pytest.raises(SystemExit, match="not a scan file .it holds done rows"):
+        S.main([*args, "-o", str(sweep)])
     picture = tmp_path / "plot.png"
     picture.write_text("not a picture")
     with pytest.raises(SystemExit):
@@ -78,4 +82,5 @@ def test_a_scan_replaces_only_a_scan_file_and_plots_only_over_a_png(tmp_path, ca
     assert S.main([*args, "-o", str(ours)]) == 0
     assert S.main([*args, "-o", str(ours)]) == 0  # a scan file is replaced
     assert [json.loads(line)["set"] for line in ours.read_text().splitlines()] == ["check", "scan"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.jsonl", "plot.png", "scan.jsonl"]  # no temp left
+    # no temporary file left beside them
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.jsonl", "plot.png", "scan.jsonl", "sweep.jsonl"]
