@@ -140,6 +140,11 @@ def _weights(by_point, batch, length):
     return {p: 1.0 / dist(p)[0] for p in sorted(by_point, key=dist)[:NEIGHBOURS]}
 
 
+def _within(order, band):
+    """How many of `order` ((backend, ms), ... fastest first) are within `band` of the fastest."""
+    return sum(1 for _, ms in order if ms / order[0][1] <= band) if order else 0
+
+
 def place(rows, op, hints, band=1.0, spread=1.0):
     """The Placement of a hinted query among a cell's timed rows, or None without a usable hint. `band`: the
     measurement noise within which two timings tie; `spread`: the interpolation error within which two backends
@@ -157,8 +162,7 @@ def place(rows, op, hints, band=1.0, spread=1.0):
     if batch is None or length is None:  # one axis hinted: the timed point nearest on it, the other axis unknown
         near = nearest_point(sorted(by_point), batch, length)
         r = by_point[near]
-        uncertain = sum(1 for _, ms in r[5] if ms / r[5][0][1] <= spread) if r[5] else 0
-        return Placement(heads, near[0], near[1], (near,), False, r[5], r[4], uncertain)
+        return Placement(heads, near[0], near[1], (near,), False, r[5], r[4], _within(r[5], spread))
     weights = {p: w for p, w in _weights(by_point, batch, length).items() if w > 0}
     timed = {p: dict(by_point[p][5]) for p in weights}
     est = {}
@@ -167,6 +171,5 @@ def place(rows, op, hints, band=1.0, spread=1.0):
         total = sum(weights[p] for p in at)
         est[b] = exp(sum(weights[p] * log(timed[p][b]) for p in at) / total)
     order = tuple(sorted(((b, round(ms, 5)) for b, ms in est.items()), key=lambda x: (x[1], x[0])))
-    ties = sum(1 for _, ms in order if ms / order[0][1] <= band) if order else 0
-    uncertain = sum(1 for _, ms in order if ms / order[0][1] <= spread) if order else 0
-    return Placement(heads, batch, length, tuple(sorted(weights)), False, order, ties, uncertain)
+    return Placement(heads, batch, length, tuple(sorted(weights)), False, order, _within(order, band),
+                     _within(order, spread))

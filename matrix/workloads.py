@@ -97,15 +97,20 @@ def point_noise(row: dict) -> float | None:
     return max(a, b) / min(a, b)
 
 
-def noise(rows: list[dict]) -> dict:
-    """The distribution of `point_noise` over the timed points of `rows`; its p90 is the tie band."""
-    ratios = sorted(x for r in rows if r.get("set") in ("bucket", "held_out") and r.get("outcome") == "pass"
-                    for x in [point_noise(r)] if x is not None)
+def spread_of(ratios: list[float]) -> dict:
+    """{points, median, p90, max} of ratios (each >= 1), rounded to 4 places; None for an empty list."""
+    ratios = sorted(ratios)
 
     def q(p: float) -> float | None:
         return round(ratios[min(len(ratios) - 1, int(p * len(ratios)))], 4) if ratios else None
 
     return {"points": len(ratios), "median": q(0.5), "p90": q(0.9), "max": round(ratios[-1], 4) if ratios else None}
+
+
+def noise(rows: list[dict]) -> dict:
+    """The distribution of `point_noise` over the timed points of `rows`; its p90 is the tie band."""
+    return spread_of([x for r in rows if r.get("set") in ("bucket", "held_out") and r.get("outcome") == "pass"
+                      for x in [point_noise(r)] if x is not None])
 
 
 def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
@@ -152,12 +157,7 @@ def interpolation_error(orders: dict) -> dict:
                 if lo in times and hi in times:
                     mid = math.sqrt(times[lo] * times[hi])
                     ratios.append(max(ms, mid) / min(ms, mid))
-    ratios.sort()
-
-    def q(p: float) -> float | None:
-        return round(ratios[min(len(ratios) - 1, int(p * len(ratios)))], 4) if ratios else None
-
-    return {"points": len(ratios), "median": q(0.5), "p90": q(0.9), "max": round(ratios[-1], 4) if ratios else None}
+    return spread_of(ratios)
 
 
 WORKLOADS_DIR = Path(__file__).resolve().parent / "data" / "workloads"
