@@ -7,7 +7,8 @@ length, ties, ((backend, ms), ...) fastest first), and DATA['workload_band'], th
 two backends tie.
 
 A hinted query takes the timed layer nearest to its head counts, then places the backends at its (batch,
-length): at a timed point, by that point's timings; between points, by each backend's time interpolated in log
+length), among the timed lengths of the query's kind (a multiple of 64 or not, `series`): at a timed point, by
+that point's timings; between points, by each backend's time interpolated in log
 space from the timed points around it (bilinear between the grid values that bracket each axis; on a grid line,
 between the two points on it), since a ranking read off one neighbouring point misses where the order changes
 between points. Where a bracketing point was not timed (the grid leaves out the largest corners), the nearest
@@ -34,6 +35,10 @@ NEIGHBOURS = 4
 # The workload sweep calls decode without it (`timed_features`), and its timings answer the causal query every
 # decoder asks (`workload_features`: the key of a cell's timings).
 MASK_FREE_OPS = {"decode": "causal"}
+# FA4 runs fastest at sequence lengths that are a multiple of 64 and up to 2x slower just past one, where other
+# kernels step at their own tiles: the workload grid times short prefill lengths of both kinds (matrix/workloads.py
+# PREFILL_UNALIGNED), and a query is placed from the timed lengths of its own kind (`series`).
+LENGTH_ALIGNMENT = 64
 
 
 def workload_features(op, feats):
@@ -56,6 +61,22 @@ def nearest_point(points, batch=None, length=None):
         return ((log(batch / p[0]) ** 2 if batch else 0.0) + (log(length / p[1]) ** 2 if length else 0.0), p)
 
     return min(points, key=dist) if points else None
+
+
+def series(points, length):
+    """The timed (batch, length) points a query of `length` is placed from: where some timed lengths are a
+    multiple of LENGTH_ALIGNMENT and some are not, those of the query's kind; a length that is no multiple past the
+    longest such timed length is placed from the multiples beyond it (the grid times the other kind only where a
+    partial tile is a large share of the work). Every point where the length is not given or the grid has one
+    kind only (decode)."""
+    points = list(points)
+    odd = [p for p in points if p[1] % LENGTH_ALIGNMENT]
+    if length is None or not odd or len(odd) == len(points):
+        return points
+    if length % LENGTH_ALIGNMENT == 0:
+        return [p for p in points if p[1] % LENGTH_ALIGNMENT == 0]
+    top = max(p[1] for p in odd)
+    return [p for p in points if p[1] % LENGTH_ALIGNMENT or p[1] > top]
 
 
 def hinted_point(op, hints):
@@ -154,8 +175,9 @@ def place(rows, op, hints, band=1.0, spread=1.0):
         return None
     rows = nearest_layer(rows, hints)
     heads = (rows[0][0], rows[0][1])
-    by_point = {(r[2], r[3]): r for r in rows}
     batch, length = point
+    by_point = {(r[2], r[3]): r for r in rows}
+    by_point = {p: by_point[p] for p in series(by_point, length)}
     if point in by_point:  # a timed point: its own order
         r = by_point[point]
         return Placement(heads, batch, length, (point,), True, r[5], r[4])

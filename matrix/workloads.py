@@ -23,37 +23,51 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-from attnmatrix.selector_workloads import bracket, nearest_point, timed_features, workload_features
+from attnmatrix.selector_workloads import (
+    bracket,
+    nearest_point,
+    series,
+    timed_features,
+    workload_features,
+)
 from attnmatrix.vocabulary import features_of
 
 from .models import call_params, layer_ops
 
 # (batch, length): prefill length = tokens per sequence (query = key length); decode length = context.
-# Axes a factor of 2 apart, from one short chat prefill to a 16k-token document and from one
-# decoding sequence to 256; the grid is their product, less the points whose work would dwarf one engine step
-# (prefill: over 64k tokens; decode: over 1M cached tokens), where a query is placed from the timed points around
-# it. The common batch sizes and lengths are timed points, answered exactly; a query between them is at most a
-# factor of sqrt(2) from a bucket on either axis. Between points a kernel's time is not a smooth function of the
-# shape (wave quantisation, split-KV heuristics, partial tiles at lengths that are no multiple of the tile), so
-# benchmarks/regret.py reports beside the selector's regret how the backends fastest at the grid points around a
-# query (`around`) fare there. A full sm_90 sweep of 7 backends over the presets takes about 6 minutes of an H200
-# after FA4's kernel-cache warm-up (benchmarks/results/README.md).
-PREFILL_BATCHES = [1, 2, 4, 8, 16, 32, 64]
-PREFILL_LENGTHS = [256, 512, 1024, 2048, 4096, 8192, 16384]
-DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+# Batches a factor of 1.5 or 1.33 apart (1, 2, 3, 4, 6, 8, 12 ...): a kernel's split-KV and wave heuristics turn on
+# the number of sequences times heads against the SM count, and a factor-2 batch axis misses the turns (decode at
+# batch 12 ran 1.5x faster on fa2 than on vllm_fa3, where batch 8 and 16 had them within 5%). Prefill lengths a
+# factor of 1.5 or 1.33 apart up to 1024 tokens, where a kernel's tile steps are a large share of its work, and a
+# factor of 2 beyond; decode contexts a factor of 2 apart (decode's time follows the context smoothly). The grid
+# is their product, less the points whose work would dwarf one engine step (prefill: over 64k tokens; decode: over
+# 1M cached tokens), where a query is placed from the timed points around it.
+#
+# Prefill lengths up to 1024 are also timed 40 tokens past each (PREFILL_UNALIGNED): FA4 runs fastest at lengths
+# that are a multiple of LENGTH_ALIGNMENT (64) and up to 2x slower at a length past one
+# (benchmarks/results/scan-sm_90-h200-20261202-prefill-*.jsonl), and an engine's prompts mostly are not. A query
+# is placed from the timed lengths of its own kind (selector_workloads.series). Between points a kernel's time is
+# still not a smooth function of the shape (wave quantisation, tile steps), so benchmarks/regret.py reports beside
+# the selector's regret how the backends fastest at the grid points around a query (`around`) fare there. A full
+# sm_90 sweep of 7 backends over the presets costs the H200 time benchmarks/results/README.md gives.
+PREFILL_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+PREFILL_LENGTHS = [256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
+PREFILL_UNALIGNED = [n + 40 for n in PREFILL_LENGTHS if n <= 1024]
+DECODE_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
 DECODE_LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
-_PREFILL = tuple((b, s) for b, s in itertools.product(PREFILL_BATCHES, PREFILL_LENGTHS) if b * s <= 65536)
+_PREFILL = tuple((b, s) for b, s in itertools.product(PREFILL_BATCHES, sorted(PREFILL_LENGTHS + PREFILL_UNALIGNED))
+                 if b * s <= 65536)
 _DECODE = tuple((b, c) for b, c in itertools.product(DECODE_BATCHES, DECODE_LENGTHS) if b * c <= 2**20)
 BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_prefill": _PREFILL, "decode": _DECODE}
-# Shapes between the bucket points (about a factor of sqrt(2) from the nearest on each axis, except batch 1, the
-# grid's edge; where a ranking is least sure), at lengths that are not powers of two, spread from one sequence to
-# the largest batches; none of them is a bucket point, and the bucket points around each (two on a grid line) are
-# in the grid.
-_PREFILL_HELD_OUT = ((1, 700), (2, 11000), (3, 384), (3, 3000), (6, 1500), (24, 700), (48, 360))
+# Shapes inside the grid's cells, never on a bucket point: batches between grid batches (5, 7, 10 ...; batch 1 and
+# 2, the grid's first values, on a grid line), lengths between grid lengths, prefill's past a multiple of 64 but
+# one (640, a multiple between 512 and 768), spread from one sequence to the largest batches. Fixed before the
+# sweep that times them; the bucket points around each (the cell's corners, `around`) are in the grid.
+_PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
     "prefill": _PREFILL_HELD_OUT,
     "mla_prefill": _PREFILL_HELD_OUT,
-    "decode": ((1, 700), (3, 12000), (6, 1500), (12, 6000), (24, 3000), (48, 700), (96, 2900)),
+    "decode": ((1, 700), (5, 12000), (7, 1500), (10, 6000), (20, 3000), (40, 700), (80, 2900), (160, 1500)),
 }
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 
@@ -63,19 +77,21 @@ def bucket_label(op: str, batch: int, length: int) -> str:
 
 
 def bucket_of(op: str, batch: int, length: int) -> tuple[int, int]:
-    """The bucket nearest to (batch, length) in log space (ties: the smaller point), as the selector picks it."""
+    """The bucket nearest to (batch, length) in log space among the points of its length's kind
+    (`selector_workloads.series`; ties: the smaller point), as the selector picks it."""
     if op not in BUCKETS:
         raise ValueError(f"op {op!r}: no workload buckets (known: {', '.join(BUCKETS)})")
     if batch < 1 or length < 1:
         raise ValueError(f"batch {batch} and length {length} must be >= 1")
-    return nearest_point(BUCKETS[op], batch, length)
+    return nearest_point(series(BUCKETS[op], length), batch, length)
 
 
 def around(op: str, batch: int, length: int) -> tuple[tuple[int, int], ...]:
     """The bucket points at the corners of the grid cell that holds (batch, length): four inside the grid, the two
     on a grid line, the point itself where it is one, the edge's points beyond an edge; those the grid leaves out
-    (its largest corners) are not among them, and where that leaves none, the nearest bucket (`bucket_of`)."""
-    points = set(BUCKETS[op])
+    (its largest corners) are not among them, and where that leaves none, the nearest bucket (`bucket_of`). The
+    grid is that of the points of the length's kind (`selector_workloads.series`), as the selector places it."""
+    points = set(series(BUCKETS[op], length))
     batches, lengths = bracket(batch, {p[0] for p in points}), bracket(length, {p[1] for p in points})
     corners = tuple(p for p in itertools.product(batches, lengths) if p in points)
     return corners or (bucket_of(op, batch, length),)
@@ -140,23 +156,30 @@ def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
 
 
 def interpolation_error(orders: dict) -> dict:
-    """How far a backend's time at a bucket point is from the log-midpoint of its two neighbours on one axis (a
-    factor of 2 on either side), over every such point of `orders` (`bucket_orders`): the error of reading a
-    backend's time between timed points. Its p90 is the band within which two backends placed between points
-    cannot be told apart (the selector's `workload_interpolation_band`). It is the error at grid points, all of
-    whose lengths are multiples of the kernels' tiles: it does not bound the error at a length past a multiple of
-    the tile, where a kernel's time can jump further (benchmarks/shape_scan.py)."""
-    series: dict[tuple, dict[tuple[int, int], float]] = {}
+    """How far a backend's time at a bucket point is from its time read off its two neighbours on one axis (log-
+    linear between them; on the length axis, among the lengths of the point's kind, `selector_workloads.series`),
+    over every such point of `orders` (`bucket_orders`): the error of reading a backend's time between timed points
+    two grid steps apart, so at least that of a query between two adjacent points. Its p90 is the band within
+    which two backends placed between points cannot be told apart (the selector's `workload_interpolation_band`).
+    It is the error at grid points: a length just past a kernel's tile can jump further (benchmarks/shape_scan.py)."""
+    per_backend: dict[tuple, dict[tuple[int, int], float]] = {}
     for key, (order, _) in orders.items():
         for backend, ms in order:
-            series.setdefault((*key[:8], backend), {})[(key[8], key[9])] = ms
+            per_backend.setdefault((*key[:8], backend), {})[(key[8], key[9])] = ms
     ratios = []
-    for times in series.values():
+    for times in per_backend.values():
         for (b, n), ms in times.items():
-            for lo, hi in (((b / 2, n), (b * 2, n)), ((b, n / 2), (b, n * 2))):
-                if lo in times and hi in times:
-                    mid = math.sqrt(times[lo] * times[hi])
-                    ratios.append(max(ms, mid) / min(ms, mid))
+            same_kind = series(times, n)
+            along = ([(x, (x, n)) for x in sorted(p[0] for p in times if p[1] == n)],
+                     [(y, (b, y)) for y in sorted(p[1] for p in same_kind if p[0] == b)])
+            for axis, v in zip(along, (b, n), strict=True):
+                lower = [a for a in axis if a[0] < v]
+                upper = [a for a in axis if a[0] > v]
+                if lower and upper:
+                    (x0, p0), (x1, p1) = lower[-1], upper[0]
+                    f = math.log(v / x0) / math.log(x1 / x0)
+                    read = math.exp((1 - f) * math.log(times[p0]) + f * math.log(times[p1]))
+                    ratios.append(max(ms, read) / min(ms, read))
     return spread_of(ratios)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -26,18 +27,22 @@ def test_every_point_has_a_bucket_and_held_out_points_are_not_buckets():
         for p in W.HELD_OUT[op]:
             assert p not in points
             assert W.bucket_of(op, *p) in points
-    assert W.bucket_of("decode", 200, 600) == (256, 512)
-    assert W.bucket_of("prefill", 3, 5000) == (4, 4096)
-    # every held-out point is within a factor of sqrt(2) (and a little) of its bucket on both axes, and the four
-    # grid points around it are buckets (its placement interpolates between timed points)
+    assert W.bucket_of("decode", 230, 600) == (256, 512)
+    assert W.bucket_of("prefill", 5, 5000) == (6, 4096)
+    assert W.bucket_of("prefill", 4, 300) == (4, 296) and W.bucket_of("prefill", 4, 320) == (4, 384)  # its kind
+    # every held-out point is within a factor of sqrt(2) (and a little) of its bucket on both axes, strictly
+    # between grid values on every axis but the batch of 1 and 2 (the grid's first values), and the four grid
+    # points around it, among the lengths of its kind, are buckets (its placement interpolates between them)
     for op, points in W.HELD_OUT.items():
-        batches, lengths = sorted({p[0] for p in W.BUCKETS[op]}), sorted({p[1] for p in W.BUCKETS[op]})
         for b, n in points:
             bb, bn = W.bucket_of(op, b, n)
             assert max(b / bb, bb / b) <= 1.5 and max(n / bn, bn / n) <= 1.5, (op, b, n)
+            kind = W.series(W.BUCKETS[op], n)
+            batches, lengths = sorted({p[0] for p in kind}), sorted({p[1] for p in kind})
+            assert n not in lengths and (b not in batches or b <= 2), (op, b, n)
             around = {(x, y) for x in (max(v for v in batches if v <= b), min(v for v in batches if v >= b))
                       for y in (max(v for v in lengths if v <= n), min(v for v in lengths if v >= n))}
-            assert around <= set(W.BUCKETS[op]), (op, b, n)
+            assert around <= set(W.BUCKETS[op]) and set(W.around(op, b, n)) == around, (op, b, n)
     with pytest.raises(ValueError, match="no workload buckets"):
         W.bucket_of("encode", 1, 1)
 
@@ -130,11 +135,14 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
 
 
 def test_around_is_the_grid_cell_of_a_point():
-    assert W.around("decode", 3, 700) == ((2, 512), (2, 1024), (4, 512), (4, 1024))
+    assert W.around("decode", 5, 700) == ((4, 512), (4, 1024), (6, 512), (6, 1024))
     assert W.around("decode", 4, 1024) == ((4, 1024),)
     assert W.around("decode", 4, 700) == ((4, 512), (4, 1024))  # on a grid line: its two points
-    assert W.around("prefill", 48, 1500) == ((32, 1024), (32, 2048), (64, 1024))  # (64, 2048): over 64k tokens
-    assert W.around("prefill", 1, 100) == ((1, 256),)  # beyond the grid: the edge
+    assert W.around("prefill", 40, 1536) == ((32, 1024), (32, 2048), (48, 1024))  # (48, 2048): over 64k tokens
+    # a length past a multiple of 64 is placed among the timed lengths past one, up to the longest of them
+    assert W.around("prefill", 5, 600) == ((4, 552), (4, 808), (6, 552), (6, 808))
+    assert W.around("prefill", 5, 1500) == ((4, 1064), (4, 2048), (6, 1064), (6, 2048))
+    assert W.around("prefill", 1, 128) == ((1, 256),)  # beyond the grid: the edge
     assert W.around("prefill", 128, 20000) == (W.bucket_of("prefill", 128, 20000),)  # every corner left out
 
 
@@ -252,6 +260,36 @@ def test_between_grid_values_the_bracketing_points_are_interpolated_and_on_a_gri
     inside = place(rows, "decode", {"batch_size": 8, "context_len": 1024})
     assert inside.points == ((4, 512), (4, 2048), (16, 512), (16, 2048))
     assert dict(inside.order)["x"] == pytest.approx(8 * 1024)  # log-bilinear is exact for a product of powers
+
+
+def test_a_length_past_a_multiple_of_64_is_placed_from_the_timed_lengths_of_its_kind():
+    from attnmatrix.selector_workloads import place, series
+
+    # a kernel fast at multiples of 64 (x) and one that is not (y): at 520 tokens x pays for its partial tile
+    lengths = {256: (1.0, 1.5), 296: (2.0, 1.6), 512: (2.0, 3.0), 552: (4.0, 3.1), 2048: (8.0, 12.0)}
+    rows = tuple((8, 8, 1, n, 1, tuple(sorted((("x", a), ("y", b)), key=lambda t: t[1]))) for n, (a, b) in
+                 lengths.items())
+    points = [(1, n) for n in lengths]
+    assert series(points, 520) == [(1, 296), (1, 552), (1, 2048)]  # past the longest: the multiples beyond it
+    assert series(points, 512) == series(points, 640) == [(1, 256), (1, 512), (1, 2048)]
+    assert series(points, None) == points and series([(1, 512), (1, 1024)], 700) == [(1, 512), (1, 1024)]
+    past = place(rows, "prefill", {"batch_size": 1, "seq_len": 520})
+    assert past.points == ((1, 296), (1, 552)) and past.order[0][0] == "y"
+    at = place(rows, "prefill", {"batch_size": 1, "seq_len": 384})
+    assert at.points == ((1, 256), (1, 512)) and at.order[0][0] == "x"
+    assert place(rows, "prefill", {"batch_size": 1, "seq_len": 1500}).points == ((1, 552), (1, 2048))
+
+
+def test_the_interpolation_error_reads_each_point_off_its_neighbours_of_the_same_kind():
+    # x is proportional to the length (read exactly in log space) among multiples of 64 and among the lengths past
+    # one, although 2x slower past one; y is 4x at 384 what its neighbours 256 and 512 say
+    orders = {}
+    for n, x in {256: 1.0, 384: 1.5, 512: 2.0, 296: 2.0, 424: 424 / 148, 552: 552 / 148}.items():
+        y = {384: 9.0, 296: 1.0, 424: 4.0 ** (math.log(424 / 296) / math.log(552 / 296)), 552: 4.0}.get(n, x * x)
+        order = tuple(sorted((("x", x), ("y", y)), key=lambda t: t[1]))
+        orders[("sm_90", "prefill", "bfloat16", 128, 128, ("causal",), 8, 8, 1, n)] = (order, 1)
+    err = W.interpolation_error(orders)
+    assert err["points"] == 4 and err["max"] == 4.0 and err["median"] == pytest.approx(1.0)
 
 
 def test_explain_says_composed_and_which_timings_placed_a_backend():
