@@ -33,7 +33,9 @@ point around the query (`workloads.around`); `bucket` is the nearest bucket poin
 Lines (JSON): {"backend", "kernel_version", "layer", "layers", "op", "case", "batch", "length", "set" ("check" |
 "bucket" | "held_out"), "outcome", "ms" (median of "rounds": per-call ms, one per round), "calls" (per replay),
 "copies" (of the inputs), "method", "note", "reason", "entry", "profile", "heads_q", "heads_kv", "device", "arch"};
-after each finished workload {"set": "done", "layer", "op", "backends"}. Timed rows leave out what their check
+after each finished workload {"set": "done", "layer", "op", "backends"} (and "sets": ["held_out"] from
+`--held-out-only`, which times the held-out points alone: `report` on its file alone scores the committed rankings
+on a second reading of them). Timed rows leave out what their check
 row says (`workloads.compact`)."""
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from attnmatrix.matrix.workloads import Layer, bucket_label, bucket_of
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_BACKENDS = ("vllm_fa2", "vllm_fa3", "vllm_fa4")
 VLLM_BLOCK = 16  # vLLM's default KV block size for its FlashAttention backend (MultipleOf(16))
+SETS = ["bucket", "held_out"]  # what a sweep times; `--held-out-only` the second alone
 DTYPE = "bfloat16"  # the sweep's default; `--dtype float16` times the other (one dtype per sweep file)
 
 
@@ -139,6 +142,7 @@ def sweep(args: argparse.Namespace) -> int:
             same[sig].append(ly.name)
     i, n = (int(x) for x in args.shard.split("/"))
     work = work[i::n]
+    sets = ["held_out"] if args.held_out_only else SETS
     out = Path(args.output) if args.output else None
     done = set()
     if out is not None and out.exists():  # a killed sweep resumes: finished workloads are not timed again
@@ -146,7 +150,8 @@ def sweep(args: argparse.Namespace) -> int:
         other = sorted({dtype_of(r) for r in before if r["set"] == "check"} - {args.dtype})
         if other:  # a timed row is read with its check row, by backend, layer and op: one dtype per file
             raise SystemExit(f"-o {out}: holds {', '.join(other)} timings; a {args.dtype} sweep needs its own file")
-        done = {(r["layer"], r["op"]) for r in before if r["set"] == "done" and set(r["backends"]) == set(names)}
+        done = {(r["layer"], r["op"]) for r in before if r["set"] == "done" and set(r["backends"]) == set(names)
+                and r.get("sets", SETS) == sets}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -163,11 +168,13 @@ def sweep(args: argparse.Namespace) -> int:
         for k, (layer, op, same_layers) in enumerate(work, 1):
             if (layer.name, op) in done:
                 continue
-            status = time_workload(backends, layer, op, same_layers, arch, device, device_name, emit, args)
+            points = (("held_out", W.HELD_OUT[op]),) if args.held_out_only else None
+            status = time_workload(backends, layer, op, same_layers, arch, device, device_name, emit, args, points)
             print(f"[{k}/{len(work)}] {layer.name} {op}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
             if status:
                 return status
-            emit({"set": "done", "layer": layer.name, "op": op, "backends": names})
+            emit({"set": "done", "layer": layer.name, "op": op, "backends": names,
+                  **({"sets": sets} if sets != SETS else {})})
     print(json.dumps({"output": str(out), "seconds": round(time.monotonic() - t0, 1), "workloads": len(work)}))
     return 0
 
@@ -470,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--dtype", choices=("bfloat16", "float16"), default=DTYPE, help="one dtype per output file")
     s.add_argument("--rounds", type=int, default=6,
                    help="rounds of turns per point, at least 2 (each backend once per round)")
+    s.add_argument("--held-out-only", action="store_true",
+                   help="time the held-out points only: a second reading of the regret on another run or GPU, "
+                        "reported (`report FILE`) against the rankings of the committed sweep files")
     s.add_argument("--warm-only", action="store_true",
                    help="check and call every backend at every point without timing: fills FA4's kernel cache "
                         "(FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1) from parallel shards before one process times")

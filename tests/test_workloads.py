@@ -132,6 +132,17 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     assert {"tiny:global prefill float16 b2_s128", "tiny:global prefill b2_s128"} <= set(both["rankings"])
     noise, orders = W.bucket_orders(rows)
     assert noise["points"] == 6 and len(orders) == 4  # the capped layer's check was refused: not ranked
+    # --held-out-only: a second reading of the held-out points alone, resumed as its own kind of sweep
+    again = tmp_path / "held-out.jsonl"
+    for _ in range(2):
+        assert R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(again), "--presets", str(presets),
+                       "--held-out-only", "--rounds", "2"]) == 0
+    second = W.load_rows([again])
+    assert {r["set"] for r in second} == {"check", "held_out", "done"}
+    assert sum(r["set"] == "held_out" for r in second) == 2 and sum(r["set"] == "done" for r in second) == 4
+    assert all(r["sets"] == ["held_out"] for r in second if r["set"] == "done")
+    alone = R.analyse(second)  # no rankings of its own: `report` asks the selector, whose data are committed
+    assert len(alone["queries"]) == 2 and alone["rankings"] == {}
 
 
 def test_around_is_the_grid_cell_of_a_point():
