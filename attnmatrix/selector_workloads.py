@@ -166,10 +166,11 @@ def _within(order, band):
     return sum(1 for _, ms in order if ms / order[0][1] <= band) if order else 0
 
 
-def place(rows, op, hints, band=1.0, spread=1.0):
+def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True):
     """The Placement of a hinted query among a cell's timed rows, or None without a usable hint. `band`: the
     measurement noise within which two timings tie; `spread`: the interpolation error within which two backends
-    placed between timed points cannot be told apart."""
+    placed between timed points cannot be told apart; `by_kind`: among the timed lengths of the query's kind
+    (`series`; False: every timed length, as benchmarks/placement_rules.py compares)."""
     point = hinted_point(op, hints)
     if not rows or point is None:
         return None
@@ -177,7 +178,8 @@ def place(rows, op, hints, band=1.0, spread=1.0):
     heads = (rows[0][0], rows[0][1])
     batch, length = point
     by_point = {(r[2], r[3]): r for r in rows}
-    by_point = {p: by_point[p] for p in series(by_point, length)}
+    if by_kind:
+        by_point = {p: by_point[p] for p in series(by_point, length)}
     if point in by_point:  # a timed point: its own order
         r = by_point[point]
         return Placement(heads, batch, length, (point,), True, r[5], r[4])

@@ -1,0 +1,116 @@
+"""How well rules for placing a hinted query between timed points would do, read off the committed timings alone.
+
+    python benchmarks/placement_rules.py [FILES ...] [-o SUMMARY.json]      # CPU, seconds
+
+Every interior bucket point of the workload grid (one with timed neighbours on either side on both axes, among the
+lengths of its kind: `selector_workloads.series`) is hidden in turn and placed from the other points of its layer
+by each rule; the rule's first choice is scored against the fastest backend timed there (regret, as
+benchmarks/regret.py scores the held-out shapes). The hidden point's neighbours are two grid steps apart, so the
+figures are those of a grid half as dense: they compare rules, they do not predict the held-out regret. A rule is
+chosen here, on the grid, and judged once on the held-out shapes by `regret.py report`.
+
+Rules:
+- `interpolate`: the selector's (`selector_workloads.place`): each backend's time interpolated in log space from
+  the points around, the fastest first.
+- `least_worst_ratio`: of the backends within the interpolation band of the fastest (those `explain` calls a
+  guess), the one whose worst ratio to the fastest at the points around is smallest.
+- `any_length`: `interpolate` from every timed length around the query, whether a multiple of 64 or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from attnmatrix.matrix import workloads as W
+
+from attnmatrix.selector_workloads import LENGTH_HINT, place, series
+
+RULES = ("interpolate", "least_worst_ratio", "any_length")
+
+
+def layer_rows(orders: dict) -> dict[tuple, list[tuple]]:
+    """orders (`workloads.bucket_orders`) as the selector's rows, per cell and layer: (heads_q, heads_kv, batch,
+    length, ties, order)."""
+    rows: dict[tuple, list[tuple]] = defaultdict(list)
+    for key, (order, ties) in orders.items():
+        rows[key[:8]].append((key[6], key[7], key[8], key[9], ties, order))
+    return rows
+
+
+def interior(points: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The points with a neighbour on either side on both axes, among the lengths of their kind."""
+    out = []
+    for b, n in points:
+        kind = series(points, n)
+        batches = [p[0] for p in kind if p[1] == n]
+        lengths = [p[1] for p in kind if p[0] == b]
+        if min(batches) < b < max(batches) and min(lengths) < n < max(lengths):
+            out.append((b, n))
+    return sorted(out)
+
+
+def first_choices(rows: list[tuple], op: str, batch: int, length: int, band: float, spread: float) -> dict:
+    """Each rule's first choice at (batch, length), placed from `rows`."""
+    hints = {"batch_size": batch, LENGTH_HINT[op]: length}
+    p = place(rows, op, hints, band, spread)
+    timed = {(r[2], r[3]): dict(r[5]) for r in rows}
+    around = [q for q in p.points if q in timed]
+    est = dict(p.order)
+
+    def worst(backend: str) -> float:
+        return max(timed[q][backend] / min(timed[q].values()) for q in around if backend in timed[q])
+
+    guess = [b for b, _ in p.order[:p.uncertain]]
+    return {"interpolate": p.order[0][0],
+            "least_worst_ratio": min(guess, key=lambda b: (worst(b), est[b])),
+            "any_length": place(rows, op, hints, band, spread, by_kind=False).order[0][0]}
+
+
+def compare(rows: list[dict]) -> dict:
+    """Per rule: the regret of its first choice at every interior grid point, hidden (geomean, max, p99, over 1.10)."""
+    noise, orders = W.bucket_orders(rows)
+    band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
+    regrets: dict[str, list[float]] = {r: [] for r in RULES}
+    for key, layer in sorted(layer_rows(orders).items()):
+        by_point = {(r[2], r[3]): r for r in layer}
+        for b, n in interior(sorted(by_point)):
+            truth = dict(by_point[(b, n)][5])
+            rest = [r for r in layer if (r[2], r[3]) != (b, n)]
+            for rule, pick in first_choices(rest, key[1], b, n, band, spread).items():
+                regrets[rule].append(truth[pick] / min(truth.values()))
+    out = {}
+    for rule, xs in regrets.items():
+        xs.sort()
+        out[rule] = {"points": len(xs),
+                     "geomean": round(math.exp(sum(map(math.log, xs)) / len(xs)), 4) if xs else None,
+                     "p99": round(xs[int(0.99 * len(xs))], 4) if xs else None,
+                     "max": round(xs[-1], 4) if xs else None,
+                     "over_1.10": sum(1 for x in xs if x > 1.10)}
+    return {"bands": {"noise": band, "interpolation": spread}, "rules": out}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="*", help="sweep files (default: the committed ones, matrix/data/workloads)")
+    ap.add_argument("-o", "--output", help="the summary as JSON")
+    args = ap.parse_args(argv)
+    result = compare(W.load_rows([Path(f) for f in args.files] if args.files else None))
+    if args.output:
+        tmp = Path(args.output).with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.replace(args.output)
+    print(f"interior grid points hidden in turn and placed from the others (noise band {result['bands']['noise']}, "
+          f"interpolation band {result['bands']['interpolation']}):")
+    for rule, r in result["rules"].items():
+        print(f"  {rule:18} points {r['points']:5}  regret geomean {r['geomean']}  p99 {r['p99']}  max {r['max']}  "
+              f"over 1.10: {r['over_1.10']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
