@@ -144,7 +144,7 @@ DATA = {
     },
     'fa_common_head_sizes': ((64, 64), (128, 128)),
     'workload_band': 1.0096,
-    'workload_interpolation_band': 1.1447,
+    'workload_interpolation_band': 1.1446,
     # Per arch, the backends a query considers (every backend with evidence there).
     'backends': {
         'sm_80': (

@@ -63,19 +63,19 @@ def nearest_point(points, batch=None, length=None):
     return min(points, key=dist) if points else None
 
 
-def series(points, length):
+def series(points, length, batch=None):
     """The timed (batch, length) points a query of `length` is placed from: where some timed lengths are a
     multiple of LENGTH_ALIGNMENT and some are not, those of the query's kind; a length that is no multiple past the
-    longest such timed length is placed from the multiples beyond it (the grid times the other kind only where a
-    partial tile is a large share of the work). Every point where the length is not given or the grid has one
-    kind only (decode)."""
+    longest such timed length (at the query's batch where that is a timed batch: the token cap ends some batches'
+    earlier) is placed from the multiples beyond it, as the grid times the other kind only where a partial tile is
+    a large share of the work. Every point where the length is not given or the grid has one kind only (decode)."""
     points = list(points)
     odd = [p for p in points if p[1] % LENGTH_ALIGNMENT]
     if length is None or not odd or len(odd) == len(points):
         return points
     if length % LENGTH_ALIGNMENT == 0:
         return [p for p in points if p[1] % LENGTH_ALIGNMENT == 0]
-    top = max(p[1] for p in odd)
+    top = max(p[1] for p in [p for p in odd if p[0] == batch] or odd)
     return [p for p in points if p[1] % LENGTH_ALIGNMENT or p[1] > top]
 
 
@@ -179,7 +179,7 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True):
     batch, length = point
     by_point = {(r[2], r[3]): r for r in rows}
     if by_kind:
-        by_point = {p: by_point[p] for p in series(by_point, length)}
+        by_point = {p: by_point[p] for p in series(by_point, length, batch)}
     if point in by_point:  # a timed point: its own order
         r = by_point[point]
         return Placement(heads, batch, length, (point,), True, r[5], r[4])

@@ -3,11 +3,12 @@
     python benchmarks/placement_rules.py [FILES ...] [-o SUMMARY.json]      # CPU, seconds
 
 Every interior bucket point of the workload grid (one with timed neighbours on either side on both axes, among the
-lengths of its kind: `selector_workloads.series`) is hidden in turn and placed from the other points of its layer
-by each rule; the rule's first choice is scored against the fastest backend timed there (regret, as
-benchmarks/regret.py scores the held-out shapes). The hidden point's neighbours are two grid steps apart, so the
-figures are those of a grid half as dense: they compare rules, they do not predict the held-out regret. A rule is
-chosen here, on the grid, and judged once on the held-out shapes by `regret.py report`.
+lengths of its kind: `selector_workloads.series`) is hidden in turn, with its layer's other points at its batch or
+its length (`without`), and placed from the rest by each rule: from the grid cell around it, as a query between
+timed points is placed. Its first choice is scored against the fastest backend timed there (regret, as
+benchmarks/regret.py scores the held-out shapes). The cell's corners are two grid steps apart, so the figures are
+those of a grid half as dense: they compare rules, they do not predict the held-out regret. A rule is chosen here,
+on the grid, and judged once on the held-out shapes by `regret.py report`.
 
 Rules:
 - `interpolate`: the selector's (`selector_workloads.place`): each backend's time interpolated in log space from
@@ -54,8 +55,14 @@ def interior(points: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return sorted(out)
 
 
+def without(rows: list[tuple], batch: int, length: int) -> list[tuple]:
+    """A layer's rows less every point at `batch` or at `length`: a point hidden with its grid lines, so it is
+    placed from the cell around it, not from its own row and column."""
+    return [r for r in rows if r[2] != batch and r[3] != length]
+
+
 def first_choices(rows: list[tuple], op: str, batch: int, length: int, band: float, spread: float) -> dict:
-    """Each rule's first choice at (batch, length), placed from `rows`."""
+    """Each rule's order at (batch, length), placed from `rows`: its first choice first."""
     hints = {"batch_size": batch, LENGTH_HINT[op]: length}
     p = place(rows, op, hints, band, spread)
     timed = {(r[2], r[3]): dict(r[5]) for r in rows}
@@ -65,10 +72,11 @@ def first_choices(rows: list[tuple], op: str, batch: int, length: int, band: flo
     def worst(backend: str) -> float:
         return max(timed[q][backend] / min(timed[q].values()) for q in around if backend in timed[q])
 
-    guess = [b for b, _ in p.order[:p.uncertain]]
-    return {"interpolate": p.order[0][0],
-            "least_worst_ratio": min(guess, key=lambda b: (worst(b), est[b])),
-            "any_length": place(rows, op, hints, band, spread, by_kind=False).order[0][0]}
+    order = [b for b, _ in p.order]
+    guess = sorted(order[:p.uncertain], key=lambda b: (worst(b), est[b]))
+    return {"interpolate": order,
+            "least_worst_ratio": guess + order[p.uncertain:],
+            "any_length": [b for b, _ in place(rows, op, hints, band, spread, by_kind=False).order]}
 
 
 def compare(rows: list[dict]) -> dict:
@@ -80,9 +88,10 @@ def compare(rows: list[dict]) -> dict:
         by_point = {(r[2], r[3]): r for r in layer}
         for b, n in interior(sorted(by_point)):
             truth = dict(by_point[(b, n)][5])
-            rest = [r for r in layer if (r[2], r[3]) != (b, n)]
-            for rule, pick in first_choices(rest, key[1], b, n, band, spread).items():
-                regrets[rule].append(truth[pick] / min(truth.values()))
+            for rule, order in first_choices(without(layer, b, n), key[1], b, n, band, spread).items():
+                pick = next((x for x in order if x in truth), None)  # a backend not timed here: the next
+                if pick is not None:
+                    regrets[rule].append(truth[pick] / min(truth.values()))
     out = {}
     for rule, xs in regrets.items():
         xs.sort()
@@ -104,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(args.output).with_suffix(".tmp")
         tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         tmp.replace(args.output)
-    print(f"interior grid points hidden in turn and placed from the others (noise band {result['bands']['noise']}, "
+    print(f"interior grid points hidden in turn with their grid lines, each placed from the cell around it (noise band "
+          f"{result['bands']['noise']}, "
           f"interpolation band {result['bands']['interpolation']}):")
     for rule, r in result["rules"].items():
         print(f"  {rule:18} points {r['points']:5}  regret geomean {r['geomean']}  p99 {r['p99']}  max {r['max']}  "

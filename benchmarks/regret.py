@@ -35,8 +35,7 @@ Lines (JSON): {"backend", "kernel_version", "layer", "layers", "op", "case", "ba
 "copies" (of the inputs), "method", "note", "reason", "entry", "profile", "heads_q", "heads_kv", "device", "arch"};
 after each finished workload {"set": "done", "layer", "op", "backends"} (and "sets": ["held_out"] from
 `--held-out-only`, which times the held-out points alone: `report` on its file alone scores the committed rankings
-on a second reading of them). Timed rows leave out what their check
-row says (`workloads.compact`)."""
+on a second reading of them). Timed rows leave out what their check row says (`workloads.compact`)."""
 
 from __future__ import annotations
 
@@ -192,7 +191,8 @@ def copies_of(case, shape, device: str) -> list:
 
 
 def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str], arch: str, device: str,
-                  device_name: str, emit, args: argparse.Namespace, points=None) -> int:
+                  device_name: str, emit, args: argparse.Namespace,
+                  points: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] | None = None) -> int:
     """Check every backend on the layer, then time those that passed at every point, in turns on one problem
     (`measure_interleaved`). `points`: ((set, ((batch, length), ...)), ...), by default the op's buckets and
     held-out points. Returns 3 after a device fault (the process cannot go on), else 0."""
@@ -455,8 +455,10 @@ def report(args: argparse.Namespace) -> int:
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
           f"max {s['regret_without_hints']['max']}")
     b = s["nearby_winners_best"]
-    print(f"the nearby winners' best (of the backends fastest at a bucket point around each query, the fastest at "
-          f"it): geomean {b['geomean']}, max {b['max']} over {b['queries']} queries ({b['over_1.10']} over 1.10)")
+    if b["queries"]:  # a file of held-out points alone (`--held-out-only`) has no bucket points around them
+        print(f"the nearby winners' best (of the backends fastest at a bucket point around each query, the fastest "
+              f"at it): geomean {b['geomean']}, max {b['max']} over {b['queries']} queries ({b['over_1.10']} over "
+              f"1.10)")
     for q in result["queries"]:
         print(f"  {q['layer']:24} {q['op']:11} {q['shape']:12} bucket {q['bucket']:12} pick {q.get('pick')!s:14} "
               f"regret {q.get('regret')!s:7} ({q.get('lost_us')!s:>6} us) fastest {q['fastest']:14} "

@@ -37,7 +37,7 @@ from .models import call_params, layer_ops
 # (batch, length): prefill length = tokens per sequence (query = key length); decode length = context.
 # Batches a factor of 1.5 or 1.33 apart (1, 2, 3, 4, 6, 8, 12 ...): a kernel's split-KV and wave heuristics turn on
 # the number of sequences times heads against the SM count, and a factor-2 batch axis misses the turns (decode at
-# batch 12 ran 1.5x faster on fa2 than on vllm_fa3, where batch 8 and 16 had them within 5%). Prefill lengths a
+# batch 12 ran 1.5x faster on fa2 than on vllm_fa3, where batch 8 and 16 had them within 6%). Prefill lengths a
 # factor of 1.5 or 1.33 apart up to 1024 tokens, where a kernel's tile steps are a large share of its work, and a
 # factor of 2 beyond; decode contexts a factor of 2 apart (decode's time follows the context smoothly). The grid
 # is their product, less the points whose work would dwarf one engine step (prefill: over 64k tokens; decode: over
@@ -83,7 +83,7 @@ def bucket_of(op: str, batch: int, length: int) -> tuple[int, int]:
         raise ValueError(f"op {op!r}: no workload buckets (known: {', '.join(BUCKETS)})")
     if batch < 1 or length < 1:
         raise ValueError(f"batch {batch} and length {length} must be >= 1")
-    return nearest_point(series(BUCKETS[op], length), batch, length)
+    return nearest_point(series(BUCKETS[op], length, batch), batch, length)
 
 
 def around(op: str, batch: int, length: int) -> tuple[tuple[int, int], ...]:
@@ -91,7 +91,7 @@ def around(op: str, batch: int, length: int) -> tuple[tuple[int, int], ...]:
     on a grid line, the point itself where it is one, the edge's points beyond an edge; those the grid leaves out
     (its largest corners) are not among them, and where that leaves none, the nearest bucket (`bucket_of`). The
     grid is that of the points of the length's kind (`selector_workloads.series`), as the selector places it."""
-    points = set(series(BUCKETS[op], length))
+    points = set(series(BUCKETS[op], length, batch))
     batches, lengths = bracket(batch, {p[0] for p in points}), bracket(length, {p[1] for p in points})
     corners = tuple(p for p in itertools.product(batches, lengths) if p in points)
     return corners or (bucket_of(op, batch, length),)
@@ -169,7 +169,7 @@ def interpolation_error(orders: dict) -> dict:
     ratios = []
     for times in per_backend.values():
         for (b, n), ms in times.items():
-            same_kind = series(times, n)
+            same_kind = series(times, n, b)
             along = ([(x, (x, n)) for x in sorted(p[0] for p in times if p[1] == n)],
                      [(y, (b, y)) for y in sorted(p[1] for p in same_kind if p[0] == b)])
             for axis, v in zip(along, (b, n), strict=True):

@@ -25,17 +25,35 @@ def _rows(times: dict[tuple[int, int], dict[str, float]]) -> list[dict]:
     return rows
 
 
-def test_only_interior_points_are_hidden_and_each_rule_is_scored_against_the_fastest_there():
+def test_a_hidden_point_is_placed_from_the_cell_around_it_and_scored_against_the_fastest_there():
     R = _rules()
-    grid = [(b, n) for b in (1, 2, 4) for n in (512, 1024, 2048)]
-    assert R.interior(grid) == [(2, 1024)]
-    assert R.interior(grid + [(1, 600), (2, 600), (4, 600)]) == [(2, 1024)]  # 600: a kind of its own, no interior
-    # x is 2x faster everywhere but at the middle point, where y is: every rule reads x off the neighbours there
+    grid = [(b, n) for b in (1, 2, 4, 8, 16) for n in (512, 1024, 2048, 4096, 8192)]
+    assert R.interior(grid)[:2] == [(2, 1024), (2, 2048)] and len(R.interior(grid)) == 9
+    assert R.interior(grid + [(2, 600), (4, 600)]) == R.interior(grid)  # 600: a kind of its own, no interior
+    rows = [(8, 1, b, n, 1, (("x", 1.0),)) for b, n in grid]
+    left = R.without(rows, 4, 2048)
+    assert {(r[2], r[3]) for r in left} == {(b, n) for b, n in grid if b != 4 and n != 2048}
+    # x is 2x faster everywhere but at (4, 2048), where y is: read off the cell around it, x is every rule's pick
     times = {p: {"x": 1.0, "y": 2.0} for p in grid}
-    times[(2, 1024)] = {"x": 3.0, "y": 1.0}
+    times[(4, 2048)] = {"x": 3.0, "y": 1.0}
     result = R.compare(_rows(times))
     for rule in R.RULES:
-        assert result["rules"][rule] == {"points": 1, "geomean": 3.0, "p99": 3.0, "max": 3.0, "over_1.10": 1}
+        assert result["rules"][rule]["points"] == 9 and result["rules"][rule]["max"] == 3.0
+    assert result["rules"]["interpolate"]["over_1.10"] == result["rules"]["any_length"]["over_1.10"] == 1
+    # the anomaly widens the interpolation band (1.73 here): within it, y's worst ratio is the smaller where the
+    # cell holds (4, 2048), so least_worst_ratio takes y at some of the points where x is 2x faster
+    assert result["rules"]["least_worst_ratio"]["over_1.10"] > 1
+
+
+def test_any_length_reads_a_length_past_a_multiple_off_the_multiples_too():
+    R = _rules()
+    # x is fast at multiples of 64 and slow just past them; y the other way round: at 700 tokens (past a multiple)
+    # the lengths of its kind (552, 1064) say y, the nearest timed lengths (552, 1024) say x
+    per = {512: {"x": 1.0, "y": 1.5}, 552: {"x": 2.0, "y": 1.6}, 1024: {"x": 2.0, "y": 3.0},
+           1064: {"x": 4.0, "y": 3.1}, 2048: {"x": 4.0, "y": 6.0}}
+    rows = [(8, 1, 1, n, 1, tuple(sorted(t.items(), key=lambda kv: kv[1]))) for n, t in per.items()]
+    picks = R.first_choices(rows, "prefill", 1, 700, 1.01, 1.01)
+    assert picks["interpolate"][0] == "y" and picks["any_length"][0] == "x"
 
 
 def test_least_worst_ratio_takes_the_guess_never_far_from_the_fastest_around():
@@ -49,6 +67,6 @@ def test_least_worst_ratio_takes_the_guess_never_far_from_the_fastest_around():
         (4, 2048): {"x": 1.2, "y": 1.0}}.items()]
     assert place(rows, "decode", {"batch_size": 2, "context_len": 1024}, 1.01, 1.2).order[0][0] == "x"
     picks = R.first_choices(rows, "decode", 2, 1024, 1.01, 1.2)
-    assert picks["interpolate"] == "x" and picks["least_worst_ratio"] == "y"
+    assert picks["interpolate"] == ["x", "y"] and picks["least_worst_ratio"] == ["y", "x"]
     # where the band separates them, x is no guess and stays the pick
-    assert R.first_choices(rows, "decode", 2, 1024, 1.01, 1.01)["least_worst_ratio"] == "x"
+    assert R.first_choices(rows, "decode", 2, 1024, 1.01, 1.01)["least_worst_ratio"] == ["x", "y"]

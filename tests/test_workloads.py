@@ -143,6 +143,11 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     assert all(r["sets"] == ["held_out"] for r in second if r["set"] == "done")
     alone = R.analyse(second)  # no rankings of its own: `report` asks the selector, whose data are committed
     assert len(alone["queries"]) == 2 and alone["rankings"] == {}
+    # a full sweep's `done` lines do not stand for a held-out-only run: into the same file, the points are timed again
+    held = sum(r["set"] == "held_out" for r in W.load_rows([out]))
+    assert R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(out), "--presets", str(presets), "--held-out-only",
+                   "--rounds", "2"]) == 0
+    assert sum(r["set"] == "held_out" for r in W.load_rows([out])) == held + 2
 
 
 def test_around_is_the_grid_cell_of_a_point():
@@ -153,6 +158,8 @@ def test_around_is_the_grid_cell_of_a_point():
     # a length past a multiple of 64 is placed among the timed lengths past one, up to the longest of them
     assert W.around("prefill", 5, 600) == ((4, 552), (4, 808), (6, 552), (6, 808))
     assert W.around("prefill", 5, 1500) == ((4, 1064), (4, 2048), (6, 1064), (6, 2048))
+    # at batch 64 the token cap ends the lengths past a multiple at 808: 1000 tokens are placed up to 1024
+    assert W.around("prefill", 64, 1000) == ((64, 808), (64, 1024)) and W.bucket_of("prefill", 64, 1000) == (64, 1024)
     assert W.around("prefill", 1, 128) == ((1, 256),)  # beyond the grid: the edge
     assert W.around("prefill", 128, 20000) == (W.bucket_of("prefill", 128, 20000),)  # every corner left out
 
