@@ -370,7 +370,8 @@ class Engine:
         out = {a.backend: self.explain_answer(arch, a, i + 1, len(ordered), ranking) for i, a in enumerate(ordered)}
         placed = self.workload_order(arch, op, dtype, head_dim, head_dim_v, feats, hints)
         if placed is not None:
-            timed, tied = dict(placed.order), dict(placed.order[:placed.ties])
+            # the fastest alone is tied with nobody
+            timed, tied = dict(placed.order), dict(placed.order[:placed.ties] if placed.ties > 1 else ())
             guess = dict(placed.order[:placed.uncertain]) if placed.uncertain > 1 and not placed.exact else {}
             spread = self.data.get("workload_interpolation_band", 1.0)
             for a in ordered:
@@ -378,7 +379,8 @@ class Engine:
                 tie = ", tied with the fastest within the measurement noise" if a.backend in tied else ""
                 if a.backend in guess:
                     tie = (f"{tie}, within the interpolation error ({spread:.3g}x) of the fastest: between timed "
-                           f"points the timings cannot tell {', '.join(guess)} apart")
+                           f"points the timings cannot tell {', '.join(guess)} apart (timing them at the shape "
+                           f"settles it: attnmatrix's benchmarks/shape_scan.py)")
                 out[a.backend] += f"; placed by the workload hints' timings instead ({placed.basis()}): {where}{tie}"
         for a in sorted(answers, key=lambda a: a.backend):
             if a.backend not in out:
