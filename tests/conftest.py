@@ -165,6 +165,18 @@ def vendored_selector(text: str, folder: Path, name: str = "gen_selector"):
     return mod
 
 
+def load_script(relpath: str):
+    """A script of the repository that is no package module (benchmarks/*.py, scripts/*.py), imported from its file
+    under a name of its own, so a test calls its functions."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / relpath
+    spec = importlib.util.spec_from_file_location(f"script_{path.stem.replace('-', '_')}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.fixture
 def load_selector() -> Callable:
     return vendored_selector

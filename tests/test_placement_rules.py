@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_script
 
 
 def _rules():
-    spec = importlib.util.spec_from_file_location("placement_rules_bench", ROOT / "benchmarks" / "placement_rules.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/placement_rules.py")
 
 
 def _rows(times: dict[tuple[int, int], dict[str, float]]) -> list[dict]:

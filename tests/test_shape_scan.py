@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_script
 
 
 def _scan():
-    spec = importlib.util.spec_from_file_location("shape_scan_bench", ROOT / "benchmarks" / "shape_scan.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/shape_scan.py")
 
 
 def test_axis_takes_lists_and_ranges_with_the_stop_included():

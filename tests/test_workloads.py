@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 from attnmatrix.matrix import workloads as W
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_script
 
 
 def _regret():
-    spec = importlib.util.spec_from_file_location("regret_bench", ROOT / "benchmarks" / "regret.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/regret.py")
 
 
 def test_every_point_has_a_bucket_and_held_out_points_are_not_buckets():
