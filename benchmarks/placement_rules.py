@@ -61,7 +61,7 @@ def without(rows: list[tuple], batch: int, length: int) -> list[tuple]:
     return [r for r in rows if r[2] != batch and r[3] != length]
 
 
-def first_choices(rows: list[tuple], op: str, batch: int, length: int, band: float, spread: float) -> dict:
+def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float, spread: float) -> dict:
     """Each rule's order at (batch, length), placed from `rows`: its first choice first."""
     hints = {"batch_size": batch, LENGTH_HINT[op]: length}
     p = place(rows, op, hints, band, spread)
@@ -88,7 +88,7 @@ def compare(rows: list[dict]) -> dict:
         by_point = {(r[2], r[3]): r for r in layer}
         for b, n in interior(sorted(by_point)):
             truth = dict(by_point[(b, n)][5])
-            for rule, order in first_choices(without(layer, b, n), key[1], b, n, band, spread).items():
+            for rule, order in rule_orders(without(layer, b, n), key[1], b, n, band, spread).items():
                 pick = next((x for x in order if x in truth), None)  # a backend not timed here: the next
                 if pick is not None:
                     regrets[rule].append(truth[pick] / min(truth.values()))

@@ -46,7 +46,7 @@ def test_any_length_reads_a_length_past_a_multiple_off_the_multiples_too():
     per = {512: {"x": 1.0, "y": 1.5}, 552: {"x": 2.0, "y": 1.6}, 1024: {"x": 2.0, "y": 3.0},
            1064: {"x": 4.0, "y": 3.1}, 2048: {"x": 4.0, "y": 6.0}}
     rows = [(8, 1, 1, n, 1, tuple(sorted(t.items(), key=lambda kv: kv[1]))) for n, t in per.items()]
-    picks = R.first_choices(rows, "prefill", 1, 700, 1.01, 1.01)
+    picks = R.rule_orders(rows, "prefill", 1, 700, 1.01, 1.01)
     assert picks["interpolate"][0] == "y" and picks["any_length"][0] == "x"
 
 
@@ -60,7 +60,7 @@ def test_least_worst_ratio_takes_the_guess_never_far_from_the_fastest_around():
         (1, 512): {"x": 1.0, "y": 1.08}, (1, 2048): {"x": 1.0, "y": 1.08}, (4, 512): {"x": 1.0, "y": 1.08},
         (4, 2048): {"x": 1.2, "y": 1.0}}.items()]
     assert place(rows, "decode", {"batch_size": 2, "context_len": 1024}, 1.01, 1.2).order[0][0] == "x"
-    picks = R.first_choices(rows, "decode", 2, 1024, 1.01, 1.2)
+    picks = R.rule_orders(rows, "decode", 2, 1024, 1.01, 1.2)
     assert picks["interpolate"] == ["x", "y"] and picks["least_worst_ratio"] == ["y", "x"]
     # where the band separates them, x is no guess and stays the pick
-    assert R.first_choices(rows, "decode", 2, 1024, 1.01, 1.01)["least_worst_ratio"] == ["x", "y"]
+    assert R.rule_orders(rows, "decode", 2, 1024, 1.01, 1.01)["least_worst_ratio"] == ["x", "y"]
