@@ -35,7 +35,7 @@ NEIGHBOURS = 4
 # The workload sweep calls decode without it (`timed_features`), and its timings answer the causal query every
 # decoder asks (`workload_features`: the key of a cell's timings).
 MASK_FREE_OPS = {"decode": "causal"}
-# FA4 runs fastest at sequence lengths that are a multiple of 64 and up to 2x slower just past one, where other
+# FA4 runs fastest at sequence lengths that are a multiple of 64 and up to 2.2x slower just past one, where other
 # kernels step at their own tiles: the workload grid times short prefill lengths of both kinds (matrix/workloads.py
 # PREFILL_UNALIGNED), and a query is placed from the timed lengths of its own kind (`series`).
 LENGTH_ALIGNMENT = 64

@@ -44,7 +44,7 @@ from .models import call_params, layer_ops
 # 1M cached tokens), where a query is placed from the timed points around it.
 #
 # Prefill lengths up to 1024 are also timed 40 tokens past each (PREFILL_UNALIGNED): FA4 runs fastest at lengths
-# that are a multiple of LENGTH_ALIGNMENT (64) and up to 2x slower at a length past one
+# that are a multiple of LENGTH_ALIGNMENT (64) and up to 2.2x slower at a length past one
 # (benchmarks/results/scan-sm_90-h200-20261202-prefill-*.jsonl), and an engine's prompts mostly are not. A query
 # is placed from the timed lengths of its own kind (selector_workloads.series). Between points a kernel's time is
 # still not a smooth function of the shape (wave quantisation, tile steps), so benchmarks/regret.py reports beside
