@@ -140,7 +140,7 @@ def bracket(v, values):
     return tuple(sorted({x for x in (lo, hi) if x is not None}))
 
 
-def _weights(by_point, batch, length):
+def interpolation_weights(by_point, batch, length):
     """Timed point -> interpolation weight for (batch, length): bilinear in log space over the bracketing grid
     points where all of them were timed, else 1 / squared log distance over the NEIGHBOURS nearest."""
     bs, ls = bracket(batch, {p[0] for p in by_point}), bracket(length, {p[1] for p in by_point})
@@ -187,7 +187,7 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True):
         near = nearest_point(sorted(by_point), batch, length)
         r = by_point[near]
         return Placement(heads, near[0], near[1], (near,), False, r[5], r[4], _within(r[5], spread))
-    weights = {p: w for p, w in _weights(by_point, batch, length).items() if w > 0}
+    weights = {p: w for p, w in interpolation_weights(by_point, batch, length).items() if w > 0}
     timed = {p: dict(by_point[p][5]) for p in weights}
     est = {}
     for b in sorted(set().union(*timed.values())):

@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 from attnmatrix.matrix import workloads as W
@@ -32,15 +31,6 @@ from attnmatrix.matrix import workloads as W
 from attnmatrix.selector_workloads import LENGTH_HINT, place, series
 
 RULES = ("interpolate", "least_worst_ratio", "any_length")
-
-
-def layer_rows(orders: dict) -> dict[tuple, list[tuple]]:
-    """orders (`workloads.bucket_orders`) as the selector's rows, per cell and layer: (heads_q, heads_kv, batch,
-    length, ties, order)."""
-    rows: dict[tuple, list[tuple]] = defaultdict(list)
-    for key, (order, ties) in orders.items():
-        rows[key[:8]].append((key[6], key[7], key[8], key[9], ties, order))
-    return rows
 
 
 def interior(points: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -84,14 +74,16 @@ def compare(rows: list[dict]) -> dict:
     noise, orders = W.bucket_orders(rows)
     band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
     regrets: dict[str, list[float]] = {r: [] for r in RULES}
-    for key, layer in sorted(layer_rows(orders).items()):
-        by_point = {(r[2], r[3]): r for r in layer}
-        for b, n in interior(sorted(by_point)):
-            truth = dict(by_point[(b, n)][5])
-            for rule, order in rule_orders(without(layer, b, n), key[1], b, n, band, spread).items():
-                pick = next((x for x in order if x in truth), None)  # a backend not timed here: the next
-                if pick is not None:
-                    regrets[rule].append(truth[pick] / min(truth.values()))
+    for key, cell in sorted(W.selector_rows(orders).items()):
+        for heads in sorted({r[:2] for r in cell}):  # each timed layer of the cell on its own
+            layer = [r for r in cell if r[:2] == heads]
+            by_point = {(r[2], r[3]): r for r in layer}
+            for b, n in interior(sorted(by_point)):
+                truth = dict(by_point[(b, n)][5])
+                for rule, order in rule_orders(without(layer, b, n), key[1], b, n, band, spread).items():
+                    pick = next((x for x in order if x in truth), None)  # a backend not timed here: the next
+                    if pick is not None:
+                        regrets[rule].append(truth[pick] / min(truth.values()))
     out = {}
     for rule, xs in regrets.items():
         xs.sort()

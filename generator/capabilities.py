@@ -186,14 +186,13 @@ def workloads(archs) -> tuple[dict, float, float]:
     timings tie, the interpolation band within which two backends placed between timed points cannot be told
     apart) for selector_workloads.place, from the committed workload timings (matrix/data/workloads,
     matrix/workloads.py bucket_orders and interpolation_error)."""
-    from attnmatrix.matrix.workloads import bucket_orders, interpolation_error, load_rows
+    from attnmatrix.matrix.workloads import bucket_orders, interpolation_error, load_rows, selector_rows
 
     noise, orders = bucket_orders(load_rows())
     out: dict = {}
-    for (arch, op, dtype, hd, hdv, feats, hq, hkv, batch, length), (order, ties) in orders.items():
+    for (arch, *cell), rows in selector_rows(orders).items():
         if arch in archs:
-            out.setdefault(arch, {}).setdefault((op, dtype, hd, hdv, tuple(feats)), []).append(
-                (hq, hkv, batch, length, ties, order))
+            out.setdefault(arch, {})[tuple(cell)] = rows
     return ({a: {k: tuple(v) for k, v in sorted(rows.items())} for a, rows in sorted(out.items())},
             noise["p90"] or 1.0, interpolation_error(orders)["p90"] or 1.0)
 

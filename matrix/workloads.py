@@ -25,6 +25,7 @@ from statistics import median
 
 from attnmatrix.selector_workloads import (
     bracket,
+    interpolation_weights,
     nearest_point,
     series,
     timed_features,
@@ -155,6 +156,15 @@ def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
     return spread, orders
 
 
+def selector_rows(orders: dict) -> dict[tuple, list[tuple]]:
+    """orders (`bucket_orders`) as the selector's rows (selector_workloads.place): (arch, op, dtype, head_dim,
+    head_dim_v, features) -> [(heads_q, heads_kv, batch, length, ties, ((backend, ms), ...) fastest first), ...]."""
+    rows: dict[tuple, list[tuple]] = {}
+    for (arch, op, dtype, hd, hdv, feats, hq, hkv, batch, length), (order, ties) in orders.items():
+        rows.setdefault((arch, op, dtype, hd, hdv, tuple(feats)), []).append((hq, hkv, batch, length, ties, order))
+    return rows
+
+
 def interpolation_error(orders: dict) -> dict:
     """How far a backend's time at a bucket point is from its time read off its two neighbours on one axis (log-
     linear between them; on the length axis, among the lengths of the point's kind, `selector_workloads.series`),
@@ -169,16 +179,12 @@ def interpolation_error(orders: dict) -> dict:
     ratios = []
     for times in per_backend.values():
         for (b, n), ms in times.items():
-            same_kind = series(times, n, b)
-            along = ([(x, (x, n)) for x in sorted(p[0] for p in times if p[1] == n)],
-                     [(y, (b, y)) for y in sorted(p[1] for p in same_kind if p[0] == b)])
-            for axis, v in zip(along, (b, n), strict=True):
-                lower = [a for a in axis if a[0] < v]
-                upper = [a for a in axis if a[0] > v]
-                if lower and upper:
-                    (x0, p0), (x1, p1) = lower[-1], upper[0]
-                    f = math.log(v / x0) / math.log(x1 / x0)
-                    read = math.exp((1 - f) * math.log(times[p0]) + f * math.log(times[p1]))
+            batch_line = {p for p in times if p[1] == n and p[0] != b}
+            length_line = {p for p in series(times, n, b) if p[0] == b and p[1] != n}
+            for line in (batch_line, length_line):
+                weights = interpolation_weights(line, b, n)
+                if len(weights) == 2:  # a neighbour on either side
+                    read = math.exp(sum(w * math.log(times[p]) for p, w in weights.items()))
                     ratios.append(max(ms, read) / min(ms, read))
     return spread_of(ratios)
 
