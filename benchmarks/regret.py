@@ -18,11 +18,10 @@ FA4 compiles a kernel on its first call at each new configuration: `--warm-only`
 `FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`, no `-o`) makes every call once and times nothing; run it in parallel
 shards first, and the timing process loads the compiled kernels from the cache.
 
-vLLM's FlashAttention builds (vllm_fa2/3/4) are timed through vLLM's call: varlen queries, the KV cache through
-`block_table` + `seqused_k` with vLLM's default block size 16 (vllm-project/vllm v0.33.0 vllm/v1/attention/backends/
-flash_attn.py: `get_supported_kernel_block_sizes` gives `MultipleOf(16)`; the forward passes `seqused_k` and
-`block_table` to `flash_attn_varlen_func`, prefill and decode alike); the others through their own API on
-contiguous tensors. Each line says which call ran (`entry`, `profile`).
+vLLM's FlashAttention builds (vllm_fa2/3/4) are timed through vLLM's call, the others through their own API
+(benchmarks/workload_timing.py); each line says which call ran (`entry`, `profile`). After the grid grows or new
+held-out shapes are drawn, `--new-points-only` times only the points the committed files do not hold, into a file
+of their own.
 
 `report` ranks the backends per (layer, op, dtype, bucket), then asks the generated selector (whose data are the
 committed sweep files) at every held-out point with the layer's heads and the point as workload hints, and reports
@@ -48,13 +47,13 @@ import time
 from pathlib import Path
 
 from attnmatrix.matrix import workloads as W
-from attnmatrix.matrix.workloads import Layer, bucket_label, bucket_of
+from attnmatrix.matrix.workloads import bucket_label, bucket_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workload_timing import DTYPE, time_workload  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
 
 ROOT = Path(__file__).resolve().parent.parent
-VLLM_BACKENDS = ("vllm_fa2", "vllm_fa3", "vllm_fa4")
-VLLM_BLOCK = 16  # vLLM's default KV block size for its FlashAttention backend (MultipleOf(16))
 SETS = ["bucket", "held_out"]  # what a sweep times; `--held-out-only` the second alone
-DTYPE = "bfloat16"  # the sweep's default; `--dtype float16` times the other (one dtype per sweep file)
 
 
 def presets_path(arg: str | None) -> Path:
@@ -64,62 +63,6 @@ def presets_path(arg: str | None) -> Path:
 def dtype_of(row: dict) -> str:
     """The dtype a sweep row was timed in: its case's (a timed row has its check row's case once read)."""
     return row["case"].split("/")[3] if row.get("case") else DTYPE
-
-
-def case_for(layer: Layer, op: str, backend: str, arch: str, dtype: str = DTYPE):
-    from attnmatrix.matrix.cases import Case
-
-    feats = list(layer.features(op))
-    if backend in VLLM_BACKENDS:
-        feats.append(f"paged_kv:{VLLM_BLOCK}")
-    return Case(arch=arch, backend=backend, op=op, dtype=dtype, head_dim=layer.head_dim,
-                head_dim_v=layer.head_dim_v, features=tuple(feats))
-
-
-def profile_of(backend: str) -> str:
-    if backend in VLLM_BACKENDS:
-        return f"vllm: varlen q, block_table (block {VLLM_BLOCK}) + seqused_k"
-    return "library API, contiguous KV"
-
-
-def shape_for(layer: Layer, op: str, batch: int, length: int, name: str | None = None):
-    from attnmatrix.kernels.problem import WINDOW, Shape
-
-    sq = 1 if op == "decode" else length
-    return Shape(name or bucket_label(op, batch, length), batch, sq, length, layer.heads_q, layer.heads_kv,
-                 window=layer.window or WINDOW)
-
-
-def _check(backend, case, layer: Layer, op: str) -> tuple[str, str | None, str | None]:
-    """(outcome, reason, entry) of the backend on the matrix's validation shape of the op (its window cuts most
-    of a row) with the layer's head counts, and the layer's window where that is narrower still."""
-    from dataclasses import replace
-
-    import torch
-    from attnmatrix.kernels.probe import _message, _raised_by_library, device_fault
-    from attnmatrix.kernels.problem import Unsupported, make_problem
-    from attnmatrix.kernels.reference import compare, reference_attention
-    from attnmatrix.matrix.shapes import VALIDATION_SHAPES
-
-    val = VALIDATION_SHAPES[op]
-    shape = replace(val, heads_q=layer.heads_q, heads_kv=layer.heads_kv,
-                    window=min(val.window, layer.window or val.window))
-    p = make_problem(case, shape, device=backend.device, seed=0)
-    entry = backend.entry(case)
-    try:
-        out = backend.prepare(p)()
-        if backend.device == "cuda":
-            torch.cuda.synchronize()
-    except Unsupported as e:
-        return "rejected", f"attnmatrix: the API cannot express this case: {e}", entry
-    except Exception as e:  # noqa: BLE001 - every failure is an outcome
-        if device_fault(e):
-            raise
-        return ("rejected" if _raised_by_library(e) else "crash"), _message(e, 400), entry
-    err = compare(p, out, reference_attention(p))
-    if not err["ok"]:
-        return "wrong", f"max abs error {err['max_abs_err']} ({err['mismatched']} of {err['elements']} off)", entry
-    return "pass", None, entry
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -150,7 +93,8 @@ def sweep(args: argparse.Namespace) -> int:
         if other:  # a timed row is read with its check row, by backend, layer and op: one dtype per file
             raise SystemExit(f"-o {out}: holds {', '.join(other)} timings; a {args.dtype} sweep needs its own file")
         done = {(r["layer"], r["op"]) for r in before if r["set"] == "done" and set(r["backends"]) == set(names)
-                and r.get("sets", SETS) == sets}
+                and r.get("sets", SETS) == sets and r.get("new_points_only", False) == args.new_points_only}
+    known = committed_points(args.dtype) if args.new_points_only else set()
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -167,92 +111,26 @@ def sweep(args: argparse.Namespace) -> int:
         for k, (layer, op, same_layers) in enumerate(work, 1):
             if (layer.name, op) in done:
                 continue
-            points = (("held_out", W.HELD_OUT[op]),) if args.held_out_only else None
+            points = tuple((kind, tuple(p for p in (W.BUCKETS if kind == "bucket" else W.HELD_OUT)[op]
+                                        if (layer.name, op, kind, *p) not in known)) for kind in sets)
+            if not any(at for _, at in points):
+                continue
             status = time_workload(backends, layer, op, same_layers, arch, device, device_name, emit, args, points)
             print(f"[{k}/{len(work)}] {layer.name} {op}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
             if status:
                 return status
             emit({"set": "done", "layer": layer.name, "op": op, "backends": names,
-                  **({"sets": sets} if sets != SETS else {})})
+                  **({"sets": sets} if sets != SETS else {}),
+                  **({"new_points_only": True} if args.new_points_only else {})})
     print(json.dumps({"output": str(out), "seconds": round(time.monotonic() - t0, 1), "workloads": len(work)}))
     return 0
 
 
-def copies_of(case, shape, device: str) -> list:
-    """The problem at `shape`, in as many copies (seeds 1, 2, ...) as make back-to-back calls each find their
-    inputs out of the L2 cache (kernels/interleaved_timing.py `l2_copies`): an engine calls a layer's attention on that
-    layer's own cache, not on what the call before left in L2."""
-    from attnmatrix.kernels.interleaved_timing import l2_copies
-    from attnmatrix.kernels.problem import make_problem
-
-    first = make_problem(case, shape, device=device, seed=1, draw_on_device=True)
-    n = l2_copies(sum(t.numel() * t.element_size() for t in (first.q, first.k, first.v))) if device == "cuda" else 1
-    return [first] + [make_problem(case, shape, device=device, seed=1 + i, draw_on_device=True) for i in range(1, n)]
-
-
-def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str], arch: str, device: str,
-                  device_name: str, emit, args: argparse.Namespace,
-                  points: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] | None = None) -> int:
-    """Check every backend on the layer, then time those that passed at every point, in turns on one problem
-    (`measure_interleaved`). `points`: ((set, ((batch, length), ...)), ...), by default the op's buckets and
-    held-out points. Returns 3 after a device fault (the process cannot go on), else 0."""
-    from dataclasses import replace
-
-    import torch
-    from attnmatrix.kernels.interleaved_timing import measure_interleaved
-    from attnmatrix.kernels.probe import _message, device_fault
-
-    passed = {}
-    for name, backend in backends.items():
-        case = case_for(layer, op, name, arch, getattr(args, "dtype", DTYPE))
-        base = {"backend": name, "kernel_version": backend.version(), "layer": layer.name, "layers": same_layers,
-                "op": op, "case": case.key, "heads_q": layer.heads_q, "heads_kv": layer.heads_kv,
-                "profile": profile_of(name), "device": device_name, "arch": arch}
-        why = backend.availability()
-        if why:
-            emit({**base, "set": "check", "outcome": "unavailable", "reason": why})
-            continue
-        outcome, reason, entry = _check(backend, case, layer, op)
-        emit({**base, "set": "check", "outcome": outcome, "reason": reason, "entry": entry})
-        if outcome == "pass":
-            passed[name] = (backend, case, {**base, "entry": entry})
-    for kind, at in points or (("bucket", W.BUCKETS[op]), ("held_out", W.HELD_OUT[op])):
-        for batch, length in at:
-            fns, rows = {}, {}
-            problems: list = []
-            try:
-                for name, (backend, case, base) in passed.items():
-                    rows[name] = {**base, "set": kind, "batch": batch, "length": length}
-                    try:
-                        if not problems:  # the same inputs for every backend, allocated once
-                            problems = copies_of(case, shape_for(layer, op, batch, length), device)
-                        fn = [backend.prepare(replace(p, case=case, page_size=case.page_size)) for p in problems]
-                        for f in fn:
-                            f()  # the first call compiles (FA4's JIT) and proves the call runs at this shape
-                        fns[name] = fn
-                    except Exception as e:  # noqa: BLE001 - a point not timed is noted
-                        emit({**rows[name], "outcome": "untimed", "reason": _message(e, 300)})
-                        if device_fault(e):
-                            return 3
-                if args.warm_only or not fns:
-                    continue
-                try:
-                    timed = measure_interleaved(fns, device=device, rounds=args.rounds)
-                except Exception as e:  # noqa: BLE001 - the point is noted as not timed for every backend
-                    for name in fns:
-                        emit({**rows[name], "outcome": "untimed", "reason": _message(e, 300)})
-                    if device_fault(e):
-                        return 3
-                    continue
-                for name, m in timed.items():
-                    emit({**rows[name], "outcome": "pass", "ms": round(m.ms, 5), "method": m.method,
-                          "calls": m.calls, "copies": len(problems), "rounds": [round(x, 5) for x in m.rounds_ms],
-                          "note": m.note})
-            finally:
-                del fns, problems
-                if device == "cuda":
-                    torch.cuda.empty_cache()
-    return 0
+def committed_points(dtype: str) -> set[tuple]:
+    """(layer, op, set, batch, length) of every point the committed workload files hold a row for in `dtype`:
+    what `--new-points-only` leaves out, once the grid or the held-out shapes grow."""
+    return {(name, r["op"], r["set"], r["batch"], r["length"]) for r in W.load_rows()
+            if r["set"] in SETS and dtype_of(r) == dtype for name in r.get("layers") or [r["layer"]]}
 
 
 # --- report (CPU) -------------------------------------------------------------------------------------------
@@ -482,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--held-out-only", action="store_true",
                    help="time the held-out points only: a second reading of the regret on another run or GPU, "
                         "reported (`report FILE`) against the rankings of the committed sweep files")
+    s.add_argument("--new-points-only", action="store_true",
+                   help="time only the points no committed workload file (matrix/data/workloads) holds in this "
+                        "dtype: the points a denser grid or new held-out shapes add, into a file of their own")
     s.add_argument("--warm-only", action="store_true",
                    help="check and call every backend at every point without timing: fills FA4's kernel cache "
                         "(FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1) from parallel shards before one process times")

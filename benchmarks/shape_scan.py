@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import regret  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
 from attnmatrix.matrix import workloads as W  # noqa: E402
+from workload_timing import time_workload  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
 
 
 def axis(text: str) -> list[int]:
@@ -49,7 +49,7 @@ def axis(text: str) -> list[int]:
 
 
 def find_layer(name: str, presets: str | None) -> W.Layer:
-    layers = {ly.name: ly for ly in W.load_presets(regret.presets_path(presets))}
+    layers = {ly.name: ly for ly in W.load_presets(presets if presets else W.DEFAULT_MODELS)}
     if name not in layers:
         raise SystemExit(f"--layer {name}: no such preset layer; known: {', '.join(sorted(layers))}")
     return layers[name]
@@ -92,9 +92,9 @@ def scan(args: argparse.Namespace) -> list[dict]:
     points = [(b, n) for b in args.batch for n in args.lengths]
     rows: list[dict] = []
     t0 = time.monotonic()
-    status = regret.time_workload(backends, layer, args.op, [layer.name], arch, device, device_name, rows.append,
-                                  argparse.Namespace(warm_only=False, rounds=args.rounds, dtype=args.dtype),
-                                  points=(("scan", points),))
+    status = time_workload(backends, layer, args.op, [layer.name], arch, device, device_name, rows.append,
+                           argparse.Namespace(warm_only=False, rounds=args.rounds, dtype=args.dtype),
+                           points=(("scan", points),))
     print(f"{len(points)} points in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     if args.output:
         text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)

@@ -40,9 +40,11 @@ from .models import call_params, layer_ops
 # the number of sequences times heads against the SM count, and a factor-2 batch axis misses the turns (decode at
 # batch 12 ran 1.5x faster on fa2 than on vllm_fa3, where batch 8 and 16 had them within 6%). Prefill lengths a
 # factor of 1.5 or 1.33 apart up to 1024 tokens, where a kernel's tile steps are a large share of its work, and a
-# factor of 2 beyond; decode contexts a factor of 2 apart (decode's time follows the context smoothly). The grid
-# is their product, less the points whose work would dwarf one engine step (prefill: over 64k tokens; decode: over
-# 1M cached tokens), where a query is placed from the timed points around it.
+# factor of 2 beyond; decode contexts a factor of 1.5 or 1.33 apart: a decode kernel splits the context into KV
+# blocks among the SMs, and its time turns with that split (between contexts 2048 and 4096, vllm_fa3 and fa4 ran
+# 13-25% slower at batch 20 x 3000 than a reading between the two showed). The grid is their product, less the
+# points whose work would dwarf one engine step (prefill: over 64k tokens; decode: over 1M cached tokens), where a
+# query is placed from the timed points around it.
 #
 # Prefill lengths up to 1024 are also timed 40 tokens past each (PREFILL_UNALIGNED): FA4 runs fastest at lengths
 # that are a multiple of LENGTH_ALIGNMENT (64) and up to 2.2x slower at a length past one
@@ -55,20 +57,22 @@ PREFILL_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 PREFILL_LENGTHS = [256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
 PREFILL_UNALIGNED = [n + 40 for n in PREFILL_LENGTHS if n <= 1024]
 DECODE_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
-DECODE_LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
+DECODE_LENGTHS = [512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768]
 _PREFILL = tuple((b, s) for b, s in itertools.product(PREFILL_BATCHES, sorted(PREFILL_LENGTHS + PREFILL_UNALIGNED))
                  if b * s <= 65536)
 _DECODE = tuple((b, c) for b, c in itertools.product(DECODE_BATCHES, DECODE_LENGTHS) if b * c <= 2**20)
 BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_prefill": _PREFILL, "decode": _DECODE}
 # Shapes inside the grid's cells, never on a bucket point: batches between grid batches (5, 7, 10 ...; batch 1 and
 # 2, the grid's first values, on a grid line), lengths between grid lengths, prefill's past a multiple of 64 but
-# one (640, a multiple between 512 and 768), spread from one sequence to the largest batches. Fixed before the
-# sweep that times them; the bucket points around each (the cell's corners, `around`) are in the grid.
+# one (640, a multiple between 512 and 768), decode's near the middle (in log space) of a context cell, spread from
+# one sequence to the largest batches. Fixed before the sweep that times them; the bucket points around each (the
+# cell's corners, `around`) are in the grid. A grid made denser takes held-out shapes inside its new cells, drawn
+# before it is timed: shapes of the older grid's cells sit near the new grid points, and would flatter it.
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
     "prefill": _PREFILL_HELD_OUT,
     "mla_prefill": _PREFILL_HELD_OUT,
-    "decode": ((1, 700), (5, 12000), (7, 1500), (10, 6000), (20, 3000), (40, 700), (80, 2900), (160, 1500)),
+    "decode": ((1, 880), (5, 10000), (7, 1770), (10, 5000), (20, 2500), (40, 1250), (80, 3550), (160, 620)),
 }
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 

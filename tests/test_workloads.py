@@ -144,10 +144,38 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     assert sum(r["set"] == "held_out" for r in W.load_rows([out])) == held + 2
 
 
+def test_new_points_only_times_what_the_committed_files_do_not_hold(tmp_path, monkeypatch):
+    R = _regret()
+    monkeypatch.setattr(W, "BUCKETS", {"prefill": ((1, 64),), "decode": ((2, 64),)})
+    monkeypatch.setattr(W, "HELD_OUT", {"prefill": ((1, 96),), "decode": ((3, 100),)})
+    presets = tmp_path / "models.json"
+    config = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1}
+    presets.write_text(json.dumps({"schema": 1, "models": {"tiny": {
+        "family": "test", "repo": "test/tiny", "file": "config.json", "config": config, "tp": 1,
+        "source": "https://huggingface.co/test/tiny/blob/main/config.json",
+        "layers": [{"count": 1, "num_heads": 4, "num_kv_heads": 2, "head_dim": 32, "type": "global"}]}}}))
+    committed = tmp_path / "workloads"
+    committed.mkdir()
+    monkeypatch.setattr(W, "WORKLOADS_DIR", committed)
+    args = ["--backends", "sdpa_cpu", "--presets", str(presets), "--rounds", "2"]
+    assert R.main(["sweep", *args, "-o", str(committed / "first.jsonl")]) == 0
+    # the grid grows on decode's length axis and decode's held-out shape is drawn again
+    monkeypatch.setattr(W, "BUCKETS", {"prefill": ((1, 64),), "decode": ((2, 64), (2, 96))})
+    monkeypatch.setattr(W, "HELD_OUT", {"prefill": ((1, 96),), "decode": ((3, 80),)})
+    new = tmp_path / "new.jsonl"
+    for _ in range(2):  # the second run resumes: nothing is timed again
+        assert R.main(["sweep", *args, "-o", str(new), "--new-points-only"]) == 0
+    rows = W.load_rows([new])
+    timed = sorted((r["op"], r["set"], r["batch"], r["length"]) for r in rows if r["set"] in ("bucket", "held_out"))
+    assert timed == [("decode", "bucket", 2, 96), ("decode", "held_out", 3, 80)]
+    assert [r["op"] for r in rows if r["set"] == "done"] == ["decode"]  # prefill had nothing new: not even checked
+    assert all(r["new_points_only"] for r in rows if r["set"] == "done")
+
+
 def test_around_is_the_grid_cell_of_a_point():
-    assert W.around("decode", 5, 700) == ((4, 512), (4, 1024), (6, 512), (6, 1024))
+    assert W.around("decode", 5, 896) == ((4, 768), (4, 1024), (6, 768), (6, 1024))
     assert W.around("decode", 4, 1024) == ((4, 1024),)
-    assert W.around("decode", 4, 700) == ((4, 512), (4, 1024))  # on a grid line: its two points
+    assert W.around("decode", 4, 896) == ((4, 768), (4, 1024))  # on a grid line: its two points
     assert W.around("prefill", 40, 1536) == ((32, 1024), (32, 2048), (48, 1024))  # (48, 2048): over 64k tokens
     # a length past a multiple of 64 is placed among the timed lengths past one, up to the longest of them
     assert W.around("prefill", 5, 600) == ((4, 552), (4, 808), (6, 552), (6, 808))
