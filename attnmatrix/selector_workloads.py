@@ -39,6 +39,12 @@ MASK_FREE_OPS = {"decode": "causal"}
 # kernels step at their own tiles: the workload grid times short prefill lengths of both kinds (matrix/workloads.py
 # PREFILL_UNALIGNED), and a query is placed from the timed lengths of its own kind (`series`).
 LENGTH_ALIGNMENT = 64
+# cuDNN's prefill takes the same time at every length from just past a multiple of 128 to the next multiple (it
+# computes whole 128-token tiles; benchmarks/results/scan-sm_90-h200-20261202-prefill-b40.jsonl at head dim 128,
+# -prefill-b12.jsonl at 256), where FlashAttention's kernels grow every 16 or 64 tokens. Read between timed lengths
+# a tile apart, such a step is smeared over the gap: a length early in a tile is placed as if it paid for part of
+# the next. A backend whose timings show the step is read off its own tile (`tile_readings`).
+TILE = 128
 
 
 def workload_features(op, feats):
@@ -161,23 +167,55 @@ def interpolation_weights(by_point, batch, length):
     return {p: 1.0 / dist(p)[0] for p in sorted(by_point, key=dist)[:NEIGHBOURS]}
 
 
+def _log_mean(weights, times):
+    total = sum(weights.values())
+    return exp(sum(w * log(times[p]) for p, w in weights.items()) / total)
+
+
+def tile_readings(by_point, batch, length, band):
+    """backend -> its time at (batch, length), for the backends whose time is flat over the query's TILE-token tile:
+    timed at the tile's length past a multiple of LENGTH_ALIGNMENT and at the tile's end (a multiple), within
+    `band` of each other at every timed batch around the query. Read at the first of the two, interpolated between
+    the batches. {} for a length that is a multiple, or a tile the grid has no such pair of lengths in."""
+    if length % LENGTH_ALIGNMENT == 0:
+        return {}
+    start = (length - 1) // TILE * TILE
+    end = start + TILE
+    past = sorted({p[1] for p in by_point if start < p[1] < end and p[1] % LENGTH_ALIGNMENT})
+    if len(past) != 1:
+        return {}
+    batches = bracket(batch, {p[0] for p in by_point if p[1] == past[0] and (p[0], end) in by_point})
+    if not batches:
+        return {}
+    # batch -> (the backends' times at the tile's length past a multiple, at its end)
+    timed = {b: (dict(by_point[(b, past[0])][5]), dict(by_point[(b, end)][5])) for b in batches}
+    weights = interpolation_weights({(b, past[0]): None for b in batches}, batch, past[0])
+    out = {}
+    for backend in sorted(set.intersection(*(set(at) & set(e) for at, e in timed.values()))):
+        if all(max(at[backend], e[backend]) / min(at[backend], e[backend]) <= band for at, e in timed.values()):
+            out[backend] = _log_mean(weights, {(b, past[0]): at[backend] for b, (at, _) in timed.items()})
+    return out
+
+
 def _within(order, band):
     """How many of `order` ((backend, ms), ... fastest first) are within `band` of the fastest."""
     return sum(1 for _, ms in order if ms / order[0][1] <= band) if order else 0
 
 
-def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True):
+def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True):
     """The Placement of a hinted query among a cell's timed rows, or None without a usable hint. `band`: the
     measurement noise within which two timings tie; `spread`: the interpolation error within which two backends
     placed between timed points cannot be told apart; `by_kind`: among the timed lengths of the query's kind
-    (`series`; False: every timed length, as benchmarks/placement_rules.py compares)."""
+    (`series`; False: every timed length); `tiles`: a backend whose time is flat over the query's tile read off
+    it (`tile_readings`; False: interpolated like the others). The last two as benchmarks/placement_rules.py
+    compares rules."""
     point = hinted_point(op, hints)
     if not rows or point is None:
         return None
     rows = nearest_layer(rows, hints)
     heads = (rows[0][0], rows[0][1])
     batch, length = point
-    by_point = {(r[2], r[3]): r for r in rows}
+    every = by_point = {(r[2], r[3]): r for r in rows}
     if by_kind:
         by_point = {p: by_point[p] for p in series(by_point, length, batch)}
     if point in by_point:  # a timed point: its own order
@@ -191,9 +229,10 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True):
     timed = {p: dict(by_point[p][5]) for p in weights}
     est = {}
     for b in sorted(set().union(*timed.values())):
-        at = [p for p in weights if b in timed[p]]  # a backend not timed at a point is placed from the others
-        total = sum(weights[p] for p in at)
-        est[b] = exp(sum(weights[p] * log(timed[p][b]) for p in at) / total)
+        at = {p: weights[p] for p in weights if b in timed[p]}  # a backend not timed at a point: from the others
+        est[b] = _log_mean(at, {p: timed[p][b] for p in at})
+    if tiles:
+        est.update(tile_readings(every, batch, length, spread))
     order = tuple(sorted(((b, round(ms, 5)) for b, ms in est.items()), key=lambda x: (x[1], x[0])))
     return Placement(heads, batch, length, tuple(sorted(weights)), False, order, _within(order, band),
                      _within(order, spread))

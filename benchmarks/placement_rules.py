@@ -16,6 +16,12 @@ Rules:
 - `least_worst_ratio`: of the backends within the interpolation band of the fastest (those `explain` calls a
   guess), the one whose worst ratio to the fastest at the points around is smallest.
 - `any_length`: `interpolate` from every timed length around the query, whether a multiple of 64 or not.
+- `no_tiles`: `interpolate` without reading a backend whose time is flat over the query's 128-token tile off that
+  tile (`selector_workloads.tile_readings`).
+
+The grid alone cannot judge `no_tiles`: a hidden point's tile loses the very length the tile reading needs. The
+shape scans can (`--scans`, benchmarks/results/scan-*.jsonl): every scanned length off the grid is placed from the
+committed grid, whole, and scored against the scan's own timings there.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from attnmatrix.matrix import workloads as W
 
 from attnmatrix.selector_workloads import LENGTH_HINT, place, series
 
-RULES = ("interpolate", "least_worst_ratio", "any_length")
+RULES = ("interpolate", "least_worst_ratio", "any_length", "no_tiles")
 
 
 def interior(points: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -66,7 +72,53 @@ def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float
     guess = sorted(order[:p.uncertain], key=lambda b: (worst(b), est[b]))
     return {"interpolate": order,
             "least_worst_ratio": guess + order[p.uncertain:],
-            "any_length": [b for b, _ in place(rows, op, hints, band, spread, by_kind=False).order]}
+            "any_length": [b for b, _ in place(rows, op, hints, band, spread, by_kind=False).order],
+            "no_tiles": [b for b, _ in place(rows, op, hints, band, spread, tiles=False).order]}
+
+
+def summary(regrets: dict[str, list[float]]) -> dict:
+    out = {}
+    for rule, xs in regrets.items():
+        xs.sort()
+        out[rule] = {"points": len(xs),
+                     "geomean": round(math.exp(sum(map(math.log, xs)) / len(xs)), 4) if xs else None,
+                     "p99": round(xs[int(0.99 * len(xs))], 4) if xs else None,
+                     "max": round(xs[-1], 4) if xs else None,
+                     "over_1.10": sum(1 for x in xs if x > 1.10)}
+    return out
+
+
+def score(regrets: dict[str, list[float]], orders: dict, truth: dict[str, float]) -> None:
+    """Add each rule's regret at one point: its first choice timed there (a backend not timed: the next) against
+    the fastest."""
+    for rule, order in orders.items():
+        pick = next((x for x in order if x in truth), None)
+        if pick is not None:
+            regrets[rule].append(truth[pick] / min(truth.values()))
+
+
+def on_scans(rows: list[dict], scans: list[Path]) -> dict:
+    """Per rule: the regret of its first choice at every scanned point off the grid, placed from the whole grid."""
+    from attnmatrix.selector_workloads import workload_features
+
+    noise, orders = W.bucket_orders(rows)
+    band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
+    cells = W.selector_rows(orders)
+    regrets: dict[str, list[float]] = {r: [] for r in RULES}
+    for f in scans:
+        timed: dict[tuple, dict[str, float]] = {}
+        for r in map(json.loads, Path(f).read_text(encoding="utf-8").splitlines()):
+            if r.get("set") == "scan" and r.get("outcome") == "pass":
+                arch, _, op, dtype, dims, _ = r["case"].split("/")
+                hd, _, hdv = dims.partition("x")
+                cell = (arch, op, dtype, int(hd), int(hdv or hd), workload_features(op, W.layer_features(r["case"])))
+                point = (cell, r["heads_q"], r["heads_kv"], r["batch"], r["length"])
+                timed.setdefault(point, {})[r["backend"]] = r["ms"]
+        for (cell, hq, hkv, b, n), truth in sorted(timed.items()):
+            layer = [r for r in cells.get(cell, ()) if r[:2] == (hq, hkv)]
+            if layer and (b, n) not in {(r[2], r[3]) for r in layer}:
+                score(regrets, rule_orders(layer, cell[1], b, n, band, spread), truth)
+    return summary(regrets)
 
 
 def compare(rows: list[dict]) -> dict:
@@ -79,28 +131,22 @@ def compare(rows: list[dict]) -> dict:
             layer = [r for r in cell if r[:2] == heads]
             by_point = {(r[2], r[3]): r for r in layer}
             for b, n in interior(sorted(by_point)):
-                truth = dict(by_point[(b, n)][5])
-                for rule, order in rule_orders(without(layer, b, n), key[1], b, n, band, spread).items():
-                    pick = next((x for x in order if x in truth), None)  # a backend not timed here: the next
-                    if pick is not None:
-                        regrets[rule].append(truth[pick] / min(truth.values()))
-    out = {}
-    for rule, xs in regrets.items():
-        xs.sort()
-        out[rule] = {"points": len(xs),
-                     "geomean": round(math.exp(sum(map(math.log, xs)) / len(xs)), 4) if xs else None,
-                     "p99": round(xs[int(0.99 * len(xs))], 4) if xs else None,
-                     "max": round(xs[-1], 4) if xs else None,
-                     "over_1.10": sum(1 for x in xs if x > 1.10)}
-    return {"bands": {"noise": band, "interpolation": spread}, "rules": out}
+                score(regrets, rule_orders(without(layer, b, n), key[1], b, n, band, spread), dict(by_point[(b, n)][5]))
+    return {"bands": {"noise": band, "interpolation": spread}, "rules": summary(regrets)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="*", help="sweep files (default: the committed ones, matrix/data/workloads)")
     ap.add_argument("-o", "--output", help="the summary as JSON")
+    ap.add_argument("--scans", nargs="*", metavar="SCAN", help="also score the rules on shape scans "
+                    "(benchmarks/shape_scan.py files; no SCAN: the committed benchmarks/results/scan-*.jsonl)")
     args = ap.parse_args(argv)
-    result = compare(W.load_rows([Path(f) for f in args.files] if args.files else None))
+    rows = W.load_rows([Path(f) for f in args.files] if args.files else None)
+    result = compare(rows)
+    if args.scans is not None:
+        scans = [Path(f) for f in args.scans] or sorted((Path(__file__).parent / "results").glob("scan-*.jsonl"))
+        result["scans"] = {"files": [f.name for f in scans], "rules": on_scans(rows, scans)}
     if args.output:
         tmp = Path(args.output).with_suffix(".tmp")
         tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
@@ -111,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     for rule, r in result["rules"].items():
         print(f"  {rule:18} points {r['points']:5}  regret geomean {r['geomean']}  p99 {r['p99']}  max {r['max']}  "
               f"over 1.10: {r['over_1.10']}")
+    if "scans" in result:
+        print(f"the shape scans' points off the grid, each placed from the whole grid "
+              f"({', '.join(result['scans']['files'])}):")
+        for rule, r in result["scans"]["rules"].items():
+            print(f"  {rule:18} points {r['points']:5}  regret geomean {r['geomean']}  p99 {r['p99']}  max {r['max']}  "
+                  f"over 1.10: {r['over_1.10']}")
     return 0
 
 

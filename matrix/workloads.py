@@ -67,12 +67,19 @@ BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_pre
 # one (640, a multiple between 512 and 768), decode's near the middle (in log space) of a context cell, spread from
 # one sequence to the largest batches. Fixed before the sweep that times them; the bucket points around each (the
 # cell's corners, `around`) are in the grid. A grid made denser takes held-out shapes inside its new cells, drawn
-# before it is timed: shapes of the older grid's cells sit near the new grid points, and would flatter it.
+# before it is timed: shapes of the older grid's cells sit near the new grid points, and would flatter it. The
+# shapes whose misses showed where the grid was blind are joined by FRESH ones, drawn once at random (log-uniform
+# over the grid's range, seed 20261202; off the grid lines, no multiple of 64) after the last change to the grid
+# and the placement rules and before they were timed: they judge those changes on shapes nobody looked at.
+_PREFILL_FRESH = ((5, 4200), (9, 1507), (11, 449), (21, 444))
+_DECODE_FRESH = ((5, 3611), (14, 2183), (115, 1617), (188, 3033))
+FRESH = {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_FRESH, "decode": _DECODE_FRESH}
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
-    "prefill": _PREFILL_HELD_OUT,
-    "mla_prefill": _PREFILL_HELD_OUT,
-    "decode": ((1, 880), (5, 10000), (7, 1770), (10, 5000), (20, 2500), (40, 1250), (80, 3550), (160, 620)),
+    "prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH,
+    "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH,
+    "decode": ((1, 880), (5, 10000), (7, 1770), (10, 5000), (20, 2500), (40, 1250), (80, 3550), (160, 620))
+    + _DECODE_FRESH,
 }
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 

@@ -64,3 +64,24 @@ def test_least_worst_ratio_takes_the_guess_never_far_from_the_fastest_around():
     assert picks["interpolate"] == ["x", "y"] and picks["least_worst_ratio"] == ["y", "x"]
     # where the band separates them, x is no guess and stays the pick
     assert R.rule_orders(rows, "decode", 2, 1024, 1.01, 1.01)["least_worst_ratio"] == ["x", "y"]
+
+
+def test_the_scans_score_each_rule_at_lengths_the_grid_does_not_hold(tmp_path):
+    import json
+
+    R = _rules()
+    # the grid: x flat over each 128-token tile, y growing; the scan between 296 and 424 has x fastest past 330
+    per = {256: {"x": 0.5, "y": 0.6}, 296: {"x": 1.0, "y": 0.95}, 384: {"x": 1.02, "y": 1.2},
+           424: {"x": 2.0, "y": 1.3}, 512: {"x": 2.03, "y": 1.6}}
+    call = {"layer": "m:l", "op": "prefill", "outcome": "pass", "arch": "sm_90", "heads_q": 8, "heads_kv": 8,
+            "case": "sm_90/x/prefill/bfloat16/128x128/causal"}
+    rows = [{**call, "backend": b, "set": "check"} for b in ("x", "y")]
+    rows += [{**call, "backend": b, "set": "bucket", "batch": 1, "length": n, "ms": ms, "rounds": [ms, ms * 1.2]}
+             for n, t in per.items() for b, ms in t.items()]
+    scan = tmp_path / "scan.jsonl"
+    scan.write_text("".join(json.dumps({**call, "backend": b, "set": "scan", "batch": 1, "length": n, "ms": ms}) + "\n"
+                            for n, t in {360: {"x": 1.0, "y": 1.1}, 296: {"x": 1.0, "y": 0.95}}.items()
+                            for b, ms in t.items()))
+    result = R.on_scans(rows, [scan])  # 296 is a grid point: only 360 is scored
+    assert result["interpolate"]["points"] == 1 and result["interpolate"]["max"] == 1.0
+    assert result["no_tiles"]["max"] == 1.1  # between 296 and 424, x's step is smeared and y looks faster

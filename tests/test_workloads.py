@@ -320,6 +320,26 @@ def test_a_length_past_a_multiple_of_64_is_placed_from_the_timed_lengths_of_its_
     assert place(rows, "prefill", {"batch_size": 1, "seq_len": 1500}).points == ((1, 552), (1, 2048))
 
 
+def test_a_backend_flat_over_the_querys_tile_is_read_off_its_tile():
+    from attnmatrix.selector_workloads import place, tile_readings
+
+    # `step` takes the same time over a whole 128-token tile (cuDNN's prefill); `grow` grows with the length
+    times = {256: (0.5, 0.7), 296: (1.0, 0.9), 384: (1.02, 1.2), 424: (2.0, 1.3), 512: (2.03, 1.6)}
+    rows = tuple((8, 8, b, n, 1, tuple(sorted((("step", x * b), ("grow", y * b)), key=lambda t: t[1])))
+                 for b in (1, 2) for n, (x, y) in times.items())
+    by_point = {(r[2], r[3]): r for r in rows}
+    # 360 tokens, in the tile (256, 384]: step's time at 296 and at 384 within the band, grow's 1.33x apart
+    assert tile_readings(by_point, 1, 360, 1.1) == {"step": 1.0}
+    assert tile_readings(by_point, 1, 360, 1.01) == {}  # not flat within a tighter band
+    assert tile_readings(by_point, 1, 384, 1.1) == {}  # a multiple of 64: among the multiples
+    assert tile_readings(by_point, 1, 600, 1.1) == {}  # no timed length in the tile (512, 640]
+    assert math.isclose(tile_readings(by_point, 2 ** 0.5, 360, 1.1)["step"], 2 ** 0.5)  # between batches
+    # read between 296 and 424 the step is smeared over the gap and grow looks faster; read off its tile, step is
+    assert place(rows, "prefill", {"batch_size": 1, "seq_len": 360}, spread=1.1, tiles=False).order[0][0] == "grow"
+    placed = place(rows, "prefill", {"batch_size": 1, "seq_len": 360}, spread=1.1)
+    assert placed.order[0] == ("step", 1.0) and placed.order[1][0] == "grow"
+
+
 def test_the_interpolation_error_reads_each_point_off_its_neighbours_of_the_same_kind():
     # x is proportional to the length (read exactly in log space) among multiples of 64 and among the lengths past
     # one, although 2x slower past one; y is 4x at 384 what its neighbours 256 and 512 say
