@@ -186,7 +186,8 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
             rk = rankings.get(f"{name} {bucket_label(op, bb, bl)}")
             fastest = min(here.values())
             q = {"layer": layer, "op": op, "dtype": dtype, "shape": bucket_label(op, batch, length),
-                 "bucket": bucket_label(op, bb, bl), "fastest": min(here, key=here.get), "timed": len(here)}
+                 "bucket": bucket_label(op, bb, bl), "fastest": min(here, key=here.get), "timed": len(here),
+                 "fresh": (batch, length) in W.FRESH.get(op, ())}
             if order is not None:
                 pick = next((b for b in order(layer, op, batch, length, dtype=dtype) if b in here), None)
                 plain = next((b for b in order(layer, op, dtype=dtype) if b in here), None)
@@ -216,6 +217,8 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
     # interpolation band of the first) or marked the order as a guess
     sure = [q["regret"] for q in queries if q.get("regret") and len(q.get("uncertain") or ()) == 1]
     guess = [q["regret"] for q in queries if q.get("regret") and len(q.get("uncertain") or ()) > 1]
+    # the shapes drawn at random after the last change to the grid and the placement rules (workloads.FRESH)
+    fresh = [q["regret"] for q in queries if q.get("regret") and q["fresh"]]
     return {
         "noise": {**spread,
                   "what": "slower/faster of the medians of the even and of the odd rounds of one backend at one "
@@ -231,7 +234,9 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
                    "slowest_fastest_ms_over_1.10": max((q["fastest_ms"] for q in over), default=None),
                    "over_1.10_marked_uncertain": len(flagged),
                    "sure": {"queries": len(sure), "geomean": _r(geomean(sure)), "max": max(sure, default=None)},
-                   "guess": {"queries": len(guess), "geomean": _r(geomean(guess)), "max": max(guess, default=None)}},
+                   "guess": {"queries": len(guess), "geomean": _r(geomean(guess)), "max": max(guess, default=None)},
+                   "fresh": {"queries": len(fresh), "geomean": _r(geomean(fresh)), "max": max(fresh, default=None),
+                             "over_1.10": sum(1 for x in fresh if x > 1.10)}},
         "regret_without_hints": {"queries": len(plain), "geomean": _r(geomean(plain)), "max": max(plain, default=None)},
         "nearby_winners_best": {"queries": len(bound), "geomean": _r(geomean(bound)), "max": max(bound, default=None),
                        "over_1.10": sum(1 for x in bound if x > 1.10),
@@ -330,6 +335,10 @@ def report(args: argparse.Namespace) -> int:
         print(f"  where it could tell the backends apart ({sure['queries']} queries): geomean {sure['geomean']}, max "
               f"{sure['max']}; where it marked its order a guess ({guess['queries']}): geomean {guess['geomean']}, "
               f"max {guess['max']}")
+    if g["fresh"]["queries"]:
+        f = g["fresh"]
+        print(f"  on the fresh shapes alone ({f['queries']} queries, drawn after the last change to the grid and the "
+              f"placement rules): geomean {f['geomean']}, max {f['max']}, {f['over_1.10']} over 1.10")
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
           f"max {s['regret_without_hints']['max']}")
     b = s["nearby_winners_best"]

@@ -112,6 +112,9 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     assert len(out.read_text().splitlines()) == len(raw)
     result = R.analyse(rows)
     assert result["noise"]["points"] == 6 and result["noise"]["p90"] >= 1.0
+    assert result["regret"]["fresh"]["queries"] == 0  # the fresh shapes are scored apart too
+    monkeypatch.setattr(W, "FRESH", {"decode": ((3, 100),)})
+    assert R.analyse(rows)["regret"]["fresh"] == {"queries": 1, "geomean": 1.0, "max": 1.0, "over_1.10": 0}
     assert result["regret"]["queries"] == 2 and result["regret"]["max"] == 1.0  # one backend: its own best
     assert result["rankings"]["tiny:global prefill b2_s128"]["order"][0][0] == "sdpa_cpu"
     assert result["nearby_winners_best"]["queries"] == 2 and result["nearby_winners_best"]["max"] == 1.0
