@@ -43,7 +43,9 @@ LENGTH_ALIGNMENT = 64
 # computes whole 128-token tiles; benchmarks/results/scan-sm_90-h200-20261202-prefill-b40.jsonl at head dim 128,
 # -prefill-b12.jsonl at 256), where FlashAttention's kernels grow every 16 or 64 tokens. Read between timed lengths
 # a tile apart, such a step is smeared over the gap: a length early in a tile is placed as if it paid for part of
-# the next. A backend whose timings show the step is read off its own tile (`tile_readings`).
+# the next. Any backend whose two timings in the query's tile are within the interpolation band is read off the
+# tile (`tile_readings`): between them the timed points cannot tell a step from a slow growth, and a kernel that
+# grows within that band across a tile is read up to that much too fast late in it.
 TILE = 128
 
 
@@ -117,16 +119,17 @@ def nearest_layer(rows, hints):
 
 class Placement:
     """Where a hinted query's backends stand: `order` ((backend, ms), ...) fastest first, ms measured at a timed
-    point (`exact`) or interpolated from `points`; the first `ties` are within the noise band of the fastest, the
-    first `uncertain` (placed between points) within the interpolation band: the timed points cannot tell them
-    apart there."""
+    point (`exact`) or interpolated from `points` (or read off the query's tile: `tiled`); the first `ties` are
+    within the noise band of the fastest, the first `uncertain` (placed between points) within the interpolation
+    band: the timed points cannot tell them apart there."""
 
-    __slots__ = ("heads", "batch", "length", "points", "exact", "order", "ties", "uncertain")
+    __slots__ = ("heads", "batch", "length", "points", "exact", "order", "ties", "uncertain", "tiled")
 
-    def __init__(self, heads, batch, length, points, exact, order, ties, uncertain=None):
+    def __init__(self, heads, batch, length, points, exact, order, ties, uncertain=None, tiled=()):
         self.heads, self.batch, self.length = heads, batch, length
         self.points, self.exact, self.order, self.ties = points, exact, order, ties
         self.uncertain = ties if uncertain is None else max(ties, uncertain)
+        self.tiled = tiled  # the backends read off the query's tile (`tile_readings`), not interpolated
 
     def basis(self) -> str:
         heads = f"heads {self.heads[0]}/{self.heads[1]}"
@@ -135,8 +138,9 @@ class Placement:
         if len(self.points) == 1:
             return f"{heads}, the timed point nearest on the hinted axis: batch {self.batch}, length {self.length}"
         near = ", ".join(f"{b}x{n}" for b, n in self.points)
+        tiled = f"; {', '.join(self.tiled)} read off the {TILE}-token tile it is flat over" if self.tiled else ""
         return (f"{heads}, batch {self.batch}, length {self.length}, "
-                f"interpolated from the timed points (batch x length) {near}")
+                f"interpolated from the timed points (batch x length) {near}{tiled}")
 
 
 def bracket(v, values):
@@ -231,8 +235,8 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True):
     for b in sorted(set().union(*timed.values())):
         at = {p: weights[p] for p in weights if b in timed[p]}  # a backend not timed at a point: from the others
         est[b] = _log_mean(at, {p: timed[p][b] for p in at})
-    if tiles:
-        est.update(tile_readings(every, batch, length, spread))
+    tiled = tile_readings(every, batch, length, spread) if tiles else {}
+    est.update(tiled)
     order = tuple(sorted(((b, round(ms, 5)) for b, ms in est.items()), key=lambda x: (x[1], x[0])))
     return Placement(heads, batch, length, tuple(sorted(weights)), False, order, _within(order, band),
-                     _within(order, spread))
+                     _within(order, spread), tuple(tiled))

@@ -139,13 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="*", help="sweep files (default: the committed ones, matrix/data/workloads)")
     ap.add_argument("-o", "--output", help="the summary as JSON")
-    ap.add_argument("--scans", nargs="*", metavar="SCAN", help="also score the rules on shape scans "
-                    "(benchmarks/shape_scan.py files; no SCAN: the committed benchmarks/results/scan-*.jsonl)")
+    ap.add_argument("--scans", action="store_true", help="also score the rules on the committed shape scans "
+                    "(benchmarks/results/scan-*.jsonl)")
+    ap.add_argument("--scan", action="append", default=[], metavar="FILE",
+                    help="also score the rules on this shape scan (benchmarks/shape_scan.py -o); repeatable")
     args = ap.parse_args(argv)
     rows = W.load_rows([Path(f) for f in args.files] if args.files else None)
     result = compare(rows)
-    if args.scans is not None:
-        scans = [Path(f) for f in args.scans] or sorted((Path(__file__).parent / "results").glob("scan-*.jsonl"))
+    scans = [Path(f) for f in args.scan]
+    if args.scans:
+        scans += sorted((Path(__file__).parent / "results").glob("scan-*.jsonl"))
+    if scans:
         result["scans"] = {"files": [f.name for f in scans], "rules": on_scans(rows, scans)}
     if args.output:
         tmp = Path(args.output).with_suffix(".tmp")

@@ -12,7 +12,8 @@ before each replay, `--rounds` rounds each starting from the next backend), so a
 all of them alike: give `--backends` every backend to compare, in one process. The medians of the even and of the
 odd rounds are two readings of one figure; their ratio is the measurement noise (`workloads.noise`), and backends
 within its p90 of the fastest tie. A killed sweep resumes after its last finished workload (`done` lines); a
-workload it was in the middle of is timed again, and the last reading of a point counts.
+workload it was in the middle of is timed again (with `--new-points-only` into a file among the committed ones, but
+the points it had timed), and the last reading of a point counts.
 
 FA4 compiles a kernel on its first call at each new configuration: `--warm-only` (with
 `FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`, no `-o`) makes every call once and times nothing; run it in parallel
@@ -34,7 +35,8 @@ Lines (JSON): {"backend", "kernel_version", "layer", "layers", "op", "case", "ba
 "copies" (of the inputs), "method", "note", "reason", "entry", "profile", "heads_q", "heads_kv", "device", "arch"};
 after each finished workload {"set": "done", "layer", "op", "backends"} (and "sets": ["held_out"] from
 `--held-out-only`, which times the held-out points alone: `report` on its file alone scores the committed rankings
-on a second reading of them). Timed rows leave out what their check row says (`workloads.compact`)."""
+on a second reading of them; "new_points_only": true from `--new-points-only`). Timed rows leave out what their
+check row says (`workloads.compact`)."""
 
 from __future__ import annotations
 
@@ -337,8 +339,8 @@ def report(args: argparse.Namespace) -> int:
               f"max {guess['max']}")
     if g["fresh"]["queries"]:
         f = g["fresh"]
-        print(f"  on the fresh shapes alone ({f['queries']} queries, drawn after the last change to the grid and the "
-              f"placement rules): geomean {f['geomean']}, max {f['max']}, {f['over_1.10']} over 1.10")
+        print(f"  on the fresh shapes alone ({f['queries']} queries, workloads.FRESH): geomean {f['geomean']}, max "
+              f"{f['max']}, {f['over_1.10']} over 1.10")
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
           f"max {s['regret_without_hints']['max']}")
     b = s["nearby_winners_best"]

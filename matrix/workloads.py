@@ -67,10 +67,12 @@ BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_pre
 # one (640, a multiple between 512 and 768), decode's near the middle (in log space) of a context cell, spread from
 # one sequence to the largest batches. Fixed before the sweep that times them; the bucket points around each (the
 # cell's corners, `around`) are in the grid. A grid made denser takes held-out shapes inside its new cells, drawn
-# before it is timed: shapes of the older grid's cells sit near the new grid points, and would flatter it. The
-# shapes whose misses showed where the grid was blind are joined by FRESH ones, drawn once at random (log-uniform
-# over the grid's range, seed 20261202; off the grid lines, no multiple of 64) after the last change to the grid
-# and the placement rules and before they were timed: they judge those changes on shapes nobody looked at.
+# before it is timed: shapes of the older grid's cells sit near the new grid points, and would flatter it. FRESH
+# shapes, drawn at random and fixed before they were timed, judge the grid and the placement rules on shapes no
+# rule was chosen on: random.Random(20261202), per op (prefill, then decode) batch round(exp(U(0, ln B))) and
+# length round(exp(U(ln L0, ln L1))) over the grid's range (B 64 / 256; L0-L1 256-16384 / 512-32768), a draw
+# refused on a grid batch or length, at a multiple of 64, over the grid's token cap or at another held-out shape;
+# the first four kept, sorted. `report` scores them apart too.
 _PREFILL_FRESH = ((5, 4200), (9, 1507), (11, 449), (21, 444))
 _DECODE_FRESH = ((5, 3611), (14, 2183), (115, 1617), (188, 3033))
 FRESH = {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_FRESH, "decode": _DECODE_FRESH}

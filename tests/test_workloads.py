@@ -112,9 +112,13 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     assert len(out.read_text().splitlines()) == len(raw)
     result = R.analyse(rows)
     assert result["noise"]["points"] == 6 and result["noise"]["p90"] >= 1.0
-    assert result["regret"]["fresh"]["queries"] == 0  # the fresh shapes are scored apart too
+    # the fresh shapes are scored apart too: a second backend, 1.2x slower at decode's held-out point, is the pick
+    slow = [{**r, "backend": "slow", "ms": r["ms"] * 1.2} for r in rows
+            if r["set"] == "held_out" and r["op"] == "decode"]
+    slow += [{**r, "backend": "slow"} for r in rows if r["set"] == "check" and r["layer"] == "tiny:global"]
     monkeypatch.setattr(W, "FRESH", {"decode": ((3, 100),)})
-    assert R.analyse(rows)["regret"]["fresh"] == {"queries": 1, "geomean": 1.0, "max": 1.0, "over_1.10": 0}
+    fresh = R.analyse(rows + slow, order=lambda *a, **k: ["slow", "sdpa_cpu"])["regret"]["fresh"]
+    assert fresh["queries"] == 1 and fresh["max"] == 1.2 and fresh["over_1.10"] == 1
     assert result["regret"]["queries"] == 2 and result["regret"]["max"] == 1.0  # one backend: its own best
     assert result["rankings"]["tiny:global prefill b2_s128"]["order"][0][0] == "sdpa_cpu"
     assert result["nearby_winners_best"]["queries"] == 2 and result["nearby_winners_best"]["max"] == 1.0
@@ -337,10 +341,14 @@ def test_a_backend_flat_over_the_querys_tile_is_read_off_its_tile():
     assert tile_readings(by_point, 1, 384, 1.1) == {}  # a multiple of 64: among the multiples
     assert tile_readings(by_point, 1, 600, 1.1) == {}  # no timed length in the tile (512, 640]
     assert math.isclose(tile_readings(by_point, 2 ** 0.5, 360, 1.1)["step"], 2 ** 0.5)  # between batches
+    # a backend not timed at one of the batches around is not read off the tile (it is interpolated as before)
+    gap = {**by_point, (2, 384): (8, 8, 2, 384, 1, (("grow", 2.4),))}
+    assert tile_readings(gap, 2 ** 0.5, 360, 1.1) == {}
     # read between 296 and 424 the step is smeared over the gap and grow looks faster; read off its tile, step is
     assert place(rows, "prefill", {"batch_size": 1, "seq_len": 360}, spread=1.1, tiles=False).order[0][0] == "grow"
     placed = place(rows, "prefill", {"batch_size": 1, "seq_len": 360}, spread=1.1)
-    assert placed.order[0] == ("step", 1.0) and placed.order[1][0] == "grow"
+    assert placed.order[0] == ("step", 1.0) and placed.order[1][0] == "grow" and placed.tiled == ("step",)
+    assert placed.basis().endswith("; step read off the 128-token tile it is flat over")
 
 
 def test_the_interpolation_error_reads_each_point_off_its_neighbours_of_the_same_kind():
