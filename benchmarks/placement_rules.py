@@ -99,8 +99,6 @@ def score(regrets: dict[str, list[float]], orders: dict, truth: dict[str, float]
 
 def on_scans(rows: list[dict], scans: list[Path]) -> dict:
     """Per rule: the regret of its first choice at every scanned point off the grid, placed from the whole grid."""
-    from attnmatrix.selector_workloads import workload_features
-
     noise, orders = W.bucket_orders(rows)
     band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
     cells = W.selector_rows(orders)
@@ -109,10 +107,7 @@ def on_scans(rows: list[dict], scans: list[Path]) -> dict:
         timed: dict[tuple, dict[str, float]] = {}
         for r in map(json.loads, Path(f).read_text(encoding="utf-8").splitlines()):
             if r.get("set") == "scan" and r.get("outcome") == "pass":
-                arch, _, op, dtype, dims, _ = r["case"].split("/")
-                hd, _, hdv = dims.partition("x")
-                cell = (arch, op, dtype, int(hd), int(hdv or hd), workload_features(op, W.layer_features(r["case"])))
-                point = (cell, r["heads_q"], r["heads_kv"], r["batch"], r["length"])
+                point = (W.cell_of(r["case"]), r["heads_q"], r["heads_kv"], r["batch"], r["length"])
                 timed.setdefault(point, {})[r["backend"]] = r["ms"]
         for (cell, hq, hkv, b, n), truth in sorted(timed.items()):
             layer = [r for r in cells.get(cell, ()) if r[:2] == (hq, hkv)]

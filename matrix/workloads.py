@@ -117,6 +117,14 @@ def layer_features(case_key: str) -> tuple[str, ...]:
     return tuple(t for t in case_key.rsplit("/", 1)[-1].split("+") if t != "none" and not t.startswith("paged_kv:"))
 
 
+def cell_of(case_key: str) -> tuple:
+    """(arch, op, dtype, head_dim, head_dim_v, features) of a timed row's case: the selector cell its timings
+    rank (decode's with its causal mask, `workload_features`; the vLLM profile's cache block left out)."""
+    arch, _, op, dtype, dims, _ = case_key.split("/")
+    hd, _, hdv = dims.partition("x")
+    return arch, op, dtype, int(hd), int(hdv or hd), workload_features(op, layer_features(case_key))
+
+
 def point_noise(row: dict) -> float | None:
     """How far two independent readings of one timed point are apart: slower / faster of the medians of its even
     and of its odd rounds (benchmarks/regret.py times backends in turns); None with fewer than two rounds."""
@@ -154,11 +162,7 @@ def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
     for r in rows:
         if r["set"] == "bucket" and r["outcome"] == "pass" and (r["backend"], r["case"], r["heads_q"],
                                                                  r["heads_kv"]) in passed:
-            _, _, op, dtype, dims, _ = r["case"].split("/")
-            hd, _, hdv = dims.partition("x")
-            feats = workload_features(op, layer_features(r["case"]))
-            key = (r["arch"], op, dtype, int(hd), int(hdv or hd), feats, r["heads_q"],
-                   r["heads_kv"], r["batch"], r["length"])
+            key = (*cell_of(r["case"]), r["heads_q"], r["heads_kv"], r["batch"], r["length"])
             times.setdefault(key, {})[r["backend"]] = r["ms"]
     spread = noise(rows)
     band = spread["p90"] or 1.0
