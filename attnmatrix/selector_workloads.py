@@ -171,7 +171,8 @@ def interpolation_weights(by_point, batch, length):
     return {p: 1.0 / dist(p)[0] for p in sorted(by_point, key=dist)[:NEIGHBOURS]}
 
 
-def _log_mean(weights, times):
+def log_mean(weights, times):
+    """The weighted mean of times[p] over the points p of `weights`, in log space (the interpolation's reading)."""
     total = sum(weights.values())
     return exp(sum(w * log(times[p]) for p, w in weights.items()) / total)
 
@@ -197,7 +198,7 @@ def tile_readings(by_point, batch, length, band):
     out = {}
     for backend in sorted(set.intersection(*(set(at) & set(e) for at, e in timed.values()))):
         if all(max(at[backend], e[backend]) / min(at[backend], e[backend]) <= band for at, e in timed.values()):
-            out[backend] = _log_mean(weights, {(b, past[0]): at[backend] for b, (at, _) in timed.items()})
+            out[backend] = log_mean(weights, {(b, past[0]): at[backend] for b, (at, _) in timed.items()})
     return out
 
 
@@ -234,7 +235,7 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True):
     est = {}
     for b in sorted(set().union(*timed.values())):
         at = {p: weights[p] for p in weights if b in timed[p]}  # a backend not timed at a point: from the others
-        est[b] = _log_mean(at, {p: timed[p][b] for p in at})
+        est[b] = log_mean(at, {p: timed[p][b] for p in at})
     tiled = tile_readings(every, batch, length, spread) if tiles else {}
     est.update(tiled)
     order = tuple(sorted(((b, round(ms, 5)) for b, ms in est.items()), key=lambda x: (x[1], x[0])))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 
-from attnmatrix.matrix import workloads as W
 from attnmatrix.matrix.workloads import Layer, bucket_label
 
 VLLM_BACKENDS = ("vllm_fa2", "vllm_fa3", "vllm_fa4")
@@ -89,10 +88,10 @@ def copies_of(case, shape, device: str) -> list:
 
 def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str], arch: str, device: str,
                   device_name: str, emit, args: argparse.Namespace,
-                  points: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] | None = None) -> int:
+                  points: tuple[tuple[str, tuple[tuple[int, int], ...]], ...]) -> int:
     """Check every backend on the layer, then time those that passed at every point, in turns on one problem
-    (`measure_interleaved`). `points`: ((set, ((batch, length), ...)), ...), by default the op's buckets and
-    held-out points. Returns 3 after a device fault (the process cannot go on), else 0."""
+    (`measure_interleaved`). `points`: ((set, ((batch, length), ...)), ...). Returns 3 after a device fault (the
+    process cannot go on), else 0."""
     from dataclasses import replace
 
     import torch
@@ -113,7 +112,7 @@ def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str],
         emit({**base, "set": "check", "outcome": outcome, "reason": reason, "entry": entry})
         if outcome == "pass":
             passed[name] = (backend, case, {**base, "entry": entry})
-    for kind, at in points or (("bucket", W.BUCKETS[op]), ("held_out", W.HELD_OUT[op])):
+    for kind, at in points:
         for batch, length in at:
             fns, rows = {}, {}
             problems: list = []

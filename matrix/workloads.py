@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -26,6 +25,7 @@ from statistics import median
 from attnmatrix.selector_workloads import (
     bracket,
     interpolation_weights,
+    log_mean,
     nearest_point,
     series,
     timed_features,
@@ -41,8 +41,8 @@ from .models import call_params, layer_ops
 # batch 12 ran 1.5x faster on fa2 than on vllm_fa3, where batch 8 and 16 had them within 6%). Prefill lengths a
 # factor of 1.5 or 1.33 apart up to 1024 tokens, where a kernel's tile steps are a large share of its work, and a
 # factor of 2 beyond; decode contexts a factor of 1.5 or 1.33 apart: a decode kernel splits the context into KV
-# blocks among the SMs, and its time turns with that split (between contexts 2048 and 4096, vllm_fa3 and fa4 ran
-# 13-25% slower at batch 20 x 3000 than a reading between the two showed). The grid is their product, less the
+# blocks among the SMs, and its time turns with that split where a factor-2 axis does not see it (the decode misses
+# of benchmarks/regret.py between contexts 2048 and 4096). The grid is their product, less the
 # points whose work would dwarf one engine step (prefill: over 64k tokens; decode: over 1M cached tokens), where a
 # query is placed from the timed points around it.
 #
@@ -201,7 +201,7 @@ def interpolation_error(orders: dict) -> dict:
             for line in (batch_line, length_line):
                 weights = interpolation_weights(line, b, n)
                 if len(weights) == 2:  # a neighbour on either side
-                    read = math.exp(sum(w * math.log(times[p]) for p, w in weights.items()))
+                    read = log_mean(weights, times)
                     ratios.append(max(ms, read) / min(ms, read))
     return spread_of(ratios)
 
