@@ -105,8 +105,10 @@ def on_scans(rows: list[dict], scans: list[Path]) -> dict:
     regrets: dict[str, list[float]] = {r: [] for r in RULES}
     for f in scans:
         timed: dict[tuple, dict[str, float]] = {}
-        for r in map(json.loads, Path(f).read_text(encoding="utf-8").splitlines()):
-            if r.get("set") == "scan" and r.get("outcome") == "pass":
+        scan = W.load_rows([Path(f)])  # a timed row's shared fields filled back in from its check row
+        passed = {(r["backend"], r["layer"]) for r in scan if r["set"] == "check" and r["outcome"] == "pass"}
+        for r in scan:
+            if r["set"] == "scan" and r["outcome"] == "pass" and (r["backend"], r["layer"]) in passed:
                 point = (W.cell_of(r["case"]), r["heads_q"], r["heads_kv"], r["batch"], r["length"])
                 timed.setdefault(point, {})[r["backend"]] = r["ms"]
         for (cell, hq, hkv, b, n), truth in sorted(timed.items()):

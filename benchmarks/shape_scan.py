@@ -5,15 +5,20 @@ timed points is a guess (`explain` says which backends its timings cannot tell a
         --batch 12 --lengths 4096:8192:256 -o scan.jsonl [--plot scan.png]        # GPU (or sdpa_cpu on a CPU)
     python benchmarks/shape_scan.py --report scan.jsonl [--plot scan.png]           # the table again, no GPU
 
+`--layer` repeats: several layers are scanned one after the other in one process (FA4 compiles once per layer),
+and `-o` is rewritten after each, so a scan cut short keeps the layers it finished.
+
 The layer is a model preset's layer type (`attnmatrix explain --model NAME` lists them; matrix/data/models.json),
 so the heads, head dims, window, softcap and sinks are the model's. Each backend is checked once against the
 reference on the layer, then every point is timed as benchmarks/regret.py times the workload buckets: the
 backends take turns on the same inputs, each from a CUDA graph with the L2 flushed (kernels/interleaved_timing.py).
-`--batch` and `--lengths` take comma lists or START:STOP:STEP (STOP included); every (batch, length) pair is a
-point. The table gives each point's backends fastest first with their time relative to the fastest; a point of the
-workload grid (matrix/workloads.py BUCKETS) is marked `*`: between them is where the grid cannot see.
+`--batch` and `--lengths` take comma lists of integers and START:STOP:STEP ranges (STOP included); every
+(batch, length) pair is a point. The table gives each point's backends fastest first with their time relative to
+the fastest; a point of the workload grid (matrix/workloads.py BUCKETS) is marked `*`: between them is where the
+grid cannot see.
 
-Lines (JSON): regret.py's sweep rows, each whole (not compacted), with "set": "scan". `-o` writes a new file or
+Lines (JSON): regret.py's sweep rows with "set": "scan", each timed row without the fields its check row states
+(`workloads.compact`; `workloads.load_rows` fills them back in). `-o` writes a new file or
 replaces a scan file (a file of other rows is refused, untouched), atomically: a killed scan leaves the old one.
 """
 
@@ -32,17 +37,21 @@ from workload_timing import time_workload  # noqa: E402  (benchmarks/ is a folde
 
 
 def axis(text: str) -> list[int]:
-    """`1,2,4` or `START:STOP:STEP` (STOP included) as a list of positive integers."""
+    """A comma list of integers and START:STOP:STEP ranges (STOP included), e.g. `1,2,4` or `1:40:1,44:96:4`, as a
+    list of positive integers in that order."""
+    values: list[int] = []
     try:
-        if ":" in text:
-            start, stop, step = (int(x) for x in text.split(":"))
-            if step < 1:
-                raise ValueError
-            values = list(range(start, stop + 1, step))
-        else:
-            values = [int(x) for x in text.split(",")]
+        for part in text.split(","):
+            if ":" in part:
+                start, stop, step = (int(x) for x in part.split(":"))
+                if step < 1 or stop < start:
+                    raise ValueError
+                values += range(start, stop + 1, step)
+            else:
+                values.append(int(part))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a comma list of integers or START:STOP:STEP (STEP >= 1)") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma list of integers and START:STOP:STEP ranges "
+                                         "(STOP >= START, STEP >= 1)") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: every value must be at least 1")
     return values
@@ -81,9 +90,12 @@ def replace_atomically(path: str, write) -> None:
 
 
 def scan(args: argparse.Namespace) -> list[dict]:
-    layer = find_layer(args.layer, args.presets)
-    if args.op not in layer.ops():
-        raise SystemExit(f"--op {args.op}: {layer.name} runs {', '.join(layer.ops())}")
+    """Time every point for each --layer in turn, in one process (FA4 compiles each layer's kernels once). With -o,
+    the file is replaced after each layer with every row so far: a killed scan keeps the layers it finished."""
+    layers = [find_layer(name, args.presets) for name in args.layer]
+    for layer in layers:
+        if args.op not in layer.ops():
+            raise SystemExit(f"--op {args.op}: {layer.name} runs {', '.join(layer.ops())}")
     if args.output and os.path.exists(args.output):
         read_scan(args.output)  # only a scan file is replaced
     from attnmatrix.kernels.base import load_device_backends
@@ -91,33 +103,51 @@ def scan(args: argparse.Namespace) -> list[dict]:
     backends, device, arch, device_name = load_device_backends(args.backends)
     points = [(b, n) for b in args.batch for n in args.lengths]
     rows: list[dict] = []
-    t0 = time.monotonic()
-    status = time_workload(backends, layer, args.op, [layer.name], arch, device, device_name, rows.append,
-                           argparse.Namespace(warm_only=False, rounds=args.rounds, dtype=args.dtype),
-                           points=(("scan", points),))
-    print(f"{len(points)} points in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    if args.output:
-        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
-        replace_atomically(args.output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    status = 0
+    for i, layer in enumerate(layers, 1):
+        t0 = time.monotonic()
+        status = time_workload(backends, layer, args.op, [layer.name], arch, device, device_name, rows.append,
+                               argparse.Namespace(warm_only=False, rounds=args.rounds, dtype=args.dtype),
+                               points=(("scan", points),)) or status
+        print(f"[{i}/{len(layers)}] {layer.name}: {len(points)} points in {time.monotonic() - t0:.0f} s",
+              file=sys.stderr)
+        if args.output:
+            text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in compacted(rows))
+            replace_atomically(args.output, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
     if status:
         raise SystemExit(status)
     return rows
 
 
+def compacted(rows: list[dict]) -> list[dict]:
+    """The rows as a file holds them: each timed row without what its check row (the one before it) states."""
+    checks: dict[tuple, dict] = {}
+    out = []
+    for r in rows:
+        key = (r.get("backend"), r.get("layer"), r.get("op"))
+        if r.get("set") == "check":
+            checks[key] = r
+        out.append(W.compact(r, checks.get(key)))
+    return out
+
+
 def table(rows: list[dict]) -> list[str]:
-    """One line per point: its backends fastest first, each with its time relative to the fastest."""
-    passed = {r["backend"] for r in rows if r.get("set") == "check" and r.get("outcome") == "pass"}
+    """One line per point: its backends fastest first, each with its time relative to the fastest (a scan of
+    several layers: each point's layer first)."""
+    passed = {(r["backend"], r["layer"]) for r in rows if r.get("set") == "check" and r.get("outcome") == "pass"}
     at: dict[tuple, dict[str, float]] = {}
     for r in rows:
-        if r.get("set") == "scan" and r.get("outcome") == "pass" and r["backend"] in passed:
-            at.setdefault((r["op"], r["batch"], r["length"]), {})[r["backend"]] = r["ms"]
+        if r.get("set") == "scan" and r.get("outcome") == "pass" and (r["backend"], r["layer"]) in passed:
+            at.setdefault((r["layer"], r["op"], r["batch"], r["length"]), {})[r["backend"]] = r["ms"]
+    several = len({k[0] for k in at}) > 1
     lines = []
-    for (op, batch, length), times in sorted(at.items()):
+    for (layer, op, batch, length), times in sorted(at.items()):
         best = min(times.values())
         order = "  ".join(f"{b} {t * 1e3:.1f} us (x{t / best:.2f})" for b, t in sorted(times.items(),
                                                                                        key=lambda x: (x[1], x[0])))
         grid = "*" if (batch, length) in W.BUCKETS.get(op, ()) else " "
-        lines.append(f"{grid} b{batch:<4} {'kv' if op == 'decode' else 's'}{length:<7} {order}")
+        lines.append(f"{grid} {f'{layer:24} ' if several else ''}b{batch:<4} {'kv' if op == 'decode' else 's'}"
+                     f"{length:<7} {order}")
     return lines
 
 
@@ -132,6 +162,8 @@ def plot(rows: list[dict], path: str) -> None:
     timed = [r for r in rows if r.get("set") == "scan" and r.get("outcome") == "pass" and r["backend"] in passed]
     if not timed:
         raise SystemExit("--plot: no timed point to plot")
+    if len({r["layer"] for r in timed}) > 1:
+        raise SystemExit("--plot: one layer's scan at a time (this one holds several)")
     op = timed[0]["op"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for backend in sorted({r["backend"] for r in timed}):
@@ -154,9 +186,11 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", help="comma-separated, timed in turns at every point")
-    ap.add_argument("--layer", help="a preset layer, MODEL:LAYER (e.g. gemma-2-2b:global)")
+    ap.add_argument("--layer", action="append", help="a preset layer, MODEL:LAYER (e.g. gemma-2-2b:global); "
+                    "repeat it to scan several layers in one process, one after the other")
     ap.add_argument("--op", choices=sorted(W.BUCKETS), help="the layer's op to time")
-    ap.add_argument("--batch", type=axis, default=[1], help="batch sizes: 1,2,4 or START:STOP:STEP (default 1)")
+    ap.add_argument("--batch", type=axis, default=[1],
+                    help="batch sizes: 1,2,4 or START:STOP:STEP, or both: 1:40:1,44:96:4 (default 1)")
     ap.add_argument("--lengths", type=axis, help="tokens per sequence (prefill) or context (decode), as --batch")
     ap.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16", help="(default bfloat16)")
     ap.add_argument("--rounds", type=int, default=6, help="rounds of turns per point (default 6)")

@@ -212,11 +212,13 @@ WORKLOADS_DIR = Path(__file__).resolve().parent / "data" / "workloads"
 # What a timed row shares with its backend's check row on the same layer and op: written once, on the check row
 # (`compact`), and filled back into every timed row when read (`load_rows`).
 SHARED_FIELDS = ("arch", "case", "device", "entry", "heads_kv", "heads_q", "kernel_version", "layers", "profile")
+# The timed rows of a file (a sweep's bucket and held-out points, a shape scan's points): each follows its check row.
+TIMED_SETS = ("bucket", "held_out", "scan")
 
 
 def compact(row: dict, check: dict | None) -> dict:
-    """`row` without the fields its check row already states (a timed row of a sweep file)."""
-    if check is None or row.get("set") not in ("bucket", "held_out"):
+    """`row` without the fields its check row already states (a timed row of a sweep or scan file)."""
+    if check is None or row.get("set") not in TIMED_SETS:
         return row
     return {k: v for k, v in row.items() if not (k in SHARED_FIELDS and check.get(k) == v)}
 
@@ -240,7 +242,7 @@ def load_rows(paths: list[Path] | None = None) -> list[dict]:
             key = (row.get("backend"), row.get("layer"), row.get("op"))
             if row["set"] == "check":
                 checks[key] = row
-            elif row["set"] in ("bucket", "held_out"):
+            elif row["set"] in TIMED_SETS:
                 check = checks.get(key)
                 if check is None:
                     raise PresetError(f"{f}:{n}: a timed row of {'/'.join(map(str, key))} before its check row")

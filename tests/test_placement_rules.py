@@ -79,9 +79,11 @@ def test_the_scans_score_each_rule_at_lengths_the_grid_does_not_hold(tmp_path):
     rows += [{**call, "backend": b, "set": "bucket", "batch": 1, "length": n, "ms": ms, "rounds": [ms, ms * 1.2]}
              for n, t in per.items() for b, ms in t.items()]
     scan = tmp_path / "scan.jsonl"
-    scan.write_text("".join(json.dumps({**call, "backend": b, "set": "scan", "batch": 1, "length": n, "ms": ms}) + "\n"
-                            for n, t in {360: {"x": 1.0, "y": 1.1}, 296: {"x": 1.0, "y": 0.95}}.items()
-                            for b, ms in t.items()))
-    result = R.on_scans(rows, [scan])  # 296 is a grid point: only 360 is scored
+    checks = [{**call, "backend": b, "set": "check", "outcome": "fail" if b == "z" else "pass"} for b in "xyz"]
+    timed = [{**call, "backend": b, "set": "scan", "batch": 1, "length": n, "ms": ms}
+             for n, t in {360: {"x": 1.0, "y": 1.1, "z": 0.1}, 296: {"x": 1.0, "y": 0.95}}.items()
+             for b, ms in t.items()]
+    scan.write_text("".join(json.dumps(r) + "\n" for r in checks + timed))  # a scan file: each backend's check first
+    result = R.on_scans(rows, [scan])  # 296 is a grid point: only 360 is scored; z failed its check there
     assert result["interpolate"]["points"] == 1 and result["interpolate"]["max"] == 1.0
     assert result["no_tiles"]["max"] == 1.1  # between 296 and 424, x's step is smeared and y looks faster

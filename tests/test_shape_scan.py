@@ -16,7 +16,8 @@ def test_axis_takes_lists_and_ranges_with_the_stop_included():
     S = _scan()
     assert S.axis("1,2,4") == [1, 2, 4]
     assert S.axis("256:512:128") == [256, 384, 512]
-    for bad in ("0,1", "a", "1:2", "8:4:1", "512:256:-32"):
+    assert S.axis("1:3:1,8,16:24:8") == [1, 2, 3, 8, 16, 24]
+    for bad in ("0,1", "a", "1:2", "8:4:1", "512:256:-32", "1:3:1,x", "1,,2"):
         with pytest.raises(Exception, match="integers|at least 1"):
             S.axis(bad)
 
@@ -78,3 +79,40 @@ def test_a_scan_replaces_only_a_scan_file_and_plots_only_over_a_png(tmp_path, ca
     assert [json.loads(line)["set"] for line in ours.read_text().splitlines()] == ["check", "scan"]
     # no temporary file left beside them
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.jsonl", "plot.png", "scan.jsonl", "sweep.jsonl"]
+
+
+def test_several_layers_scan_in_one_process_into_one_compact_file(tmp_path, capsys, monkeypatch):
+    from attnmatrix.matrix import workloads as W
+
+    S = _scan()
+    out = tmp_path / "scan.jsonl"
+    args = ["--backends", "sdpa_cpu", "--layer", "llama-3.2-1b:full", "--layer", "gemma-3-1b:global", "--op", "decode",
+            "--batch", "1,3", "--lengths", "64", "--rounds", "2", "-o", str(out)]
+    assert S.main(args) == 0
+    raw = [json.loads(line) for line in out.read_text().splitlines()]
+    first, second = "llama-3.2-1b:full", "gemma-3-1b:global"
+    assert [(r["layer"], r["set"]) for r in raw] == [(first, "check"), (first, "scan"), (first, "scan"),
+                                                      (second, "check"), (second, "scan"), (second, "scan")]
+    # a timed row leaves out what its check row states; reading the file fills it back in
+    assert all("case" not in r and "heads_q" not in r for r in raw if r["set"] == "scan")
+    rows = W.load_rows([out])
+    assert {(r["layer"], r["heads_q"], r["heads_kv"]) for r in rows} == {("llama-3.2-1b:full", 32, 8),
+                                                                        ("gemma-3-1b:global", 4, 1)}
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 4 and table[0].startswith("  gemma-3-1b:global") and "llama-3.2-1b:full" in table[-1]
+    with pytest.raises(SystemExit, match="one layer's scan at a time"):
+        S.main(["--report", str(out), "--plot", str(tmp_path / "p.png")])
+    # a scan cut short keeps the layers it finished
+    calls = []
+    real = S.time_workload
+
+    def dies_on_the_second(*a, **k):
+        calls.append(a[1].name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(S, "time_workload", dies_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        S.main(args)
+    assert {r["layer"] for r in W.load_rows([out])} == {"llama-3.2-1b:full"}
