@@ -73,13 +73,15 @@ def sweep(args: argparse.Namespace) -> int:
 
     backends, device, arch, device_name = load_device_backends(args.backends)
     layers = W.load_presets(presets_path(args.presets))
-    # Layers the kernel cannot tell apart (same heads, head dims, features, window) are timed once; the row
-    # names every layer it stands for (`layers`).
+    # Layers the kernel cannot tell apart (same heads, head dims, features, window, and called alike: vLLM plans
+    # FA3's schedule only for a model of one window size) are timed once; the row names every layer it stands for
+    # (`layers`).
     same: dict[tuple, list[str]] = {}
     work = []
     for ly in layers:
         for op in ly.ops():
-            sig = (op, ly.heads_q, ly.heads_kv, ly.head_dim, ly.head_dim_v, ly.features(op), ly.window)
+            sig = (op, ly.heads_q, ly.heads_kv, ly.head_dim, ly.head_dim_v, ly.features(op), ly.window,
+                   ly.one_window_size)
             if sig not in same:
                 same[sig] = []
                 work.append((ly, op, same[sig]))
@@ -311,7 +313,7 @@ def selector_placements(rows: list[dict]):
 
 def report(args: argparse.Namespace) -> int:
     files = [Path(f) for f in args.files] if args.files else sorted(W.WORKLOADS_DIR.glob("*.jsonl"))
-    rows = expand(W.load_rows(files))
+    rows = expand(W.latest_calls(W.load_rows(files)))
     placement = selector_placements(rows)
     result = analyse(rows, selector_orders(rows), placement)
     result["files"] = [str(f.resolve().relative_to(ROOT)) if f.resolve().is_relative_to(ROOT) else str(f)

@@ -28,10 +28,19 @@ def case_for(layer: Layer, op: str, backend: str, arch: str, dtype: str = DTYPE)
                 head_dim_v=layer.head_dim_v, features=tuple(feats))
 
 
-def profile_of(backend: str) -> str:
-    if backend in VLLM_BACKENDS:
-        return f"vllm: varlen q, block_table (block {VLLM_BLOCK}) + seqused_k"
-    return "library API, contiguous KV"
+def profile_of(backend: str, layer: Layer | None = None) -> str:
+    """The call a backend's timed rows ran, as they record it (`profile`): vLLM's for its backends, with FA3's
+    split bound and planned schedule as vLLM's step sets them for the layer's model (kernels/vllm_fa.py)."""
+    if backend not in VLLM_BACKENDS:
+        return "library API, contiguous KV"
+    call = f"vllm: varlen q, block_table (block {VLLM_BLOCK}) + seqused_k"
+    if backend == "vllm_fa3":
+        from attnmatrix.kernels.vllm_fa import GRAPH_TOKENS, SPLIT_BOUND
+
+        plan = ("scheduler_metadata planned ahead" if layer is None or layer.one_window_size
+                else "no scheduler_metadata (the model's layers have several windows)")
+        call += f"; num_splits {SPLIT_BOUND} up to {GRAPH_TOKENS} tokens a step, {plan}"
+    return call
 
 
 def shape_for(layer: Layer, op: str, batch: int, length: int, name: str | None = None):
@@ -56,7 +65,7 @@ def _check(backend, case, layer: Layer, op: str) -> tuple[str, str | None, str |
     val = VALIDATION_SHAPES[op]
     shape = replace(val, heads_q=layer.heads_q, heads_kv=layer.heads_kv,
                     window=min(val.window, layer.window or val.window))
-    p = make_problem(case, shape, device=backend.device, seed=0)
+    p = replace(make_problem(case, shape, device=backend.device, seed=0), one_window_size=layer.one_window_size)
     entry = backend.entry(case)
     try:
         out = backend.prepare(p)()
@@ -103,7 +112,7 @@ def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str],
         case = case_for(layer, op, name, arch, getattr(args, "dtype", DTYPE))
         base = {"backend": name, "kernel_version": backend.version(), "layer": layer.name, "layers": same_layers,
                 "op": op, "case": case.key, "heads_q": layer.heads_q, "heads_kv": layer.heads_kv,
-                "profile": profile_of(name), "device": device_name, "arch": arch}
+                "profile": profile_of(name, layer), "device": device_name, "arch": arch}
         why = backend.availability()
         if why:
             emit({**base, "set": "check", "outcome": "unavailable", "reason": why})
@@ -122,7 +131,8 @@ def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str],
                     try:
                         if not problems:  # the same inputs for every backend, allocated once
                             problems = copies_of(case, shape_for(layer, op, batch, length), device)
-                        fn = [backend.prepare(replace(p, case=case, page_size=case.page_size)) for p in problems]
+                        fn = [backend.prepare(replace(p, case=case, page_size=case.page_size,
+                                                      one_window_size=layer.one_window_size)) for p in problems]
                         for f in fn:
                             f()  # the first call compiles (FA4's JIT) and proves the call runs at this shape
                         fns[name] = fn

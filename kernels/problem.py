@@ -99,6 +99,10 @@ class Problem:
     page_size: int | None
     fp8: bool  # e4m3 inputs (fp8: q, k and v; fp8_kv: k and v): fp8 tolerances apply
     descale: tuple[float, float, float] | None  # fp8 q, k, v scales
+    # Every attention layer of the model shares one sliding window (or none): an engine can then plan a kernel's
+    # schedule once for all of them, and vLLM does so for FA3 (kernels/vllm_fa.py). A property of the model, not of
+    # the case: the workload sweep sets it from the preset (matrix/workloads.py Layer.one_window_size).
+    one_window_size: bool = True
 
     @property
     def out_dtype(self) -> torch.dtype:

@@ -20,7 +20,17 @@ alike) and its FLASH_ATTN MLA prefill backend both call it, so a probe calls it 
   dim and the output cut back, which is what vLLM's FLASH_ATTN MLA prefill does for every FA version
   but FA3 on Hopper and FA4 (`requires_v_padding` in vllm-project/vllm@4ba787ec9 (v0.33.0)
   vllm/v1/attention/backends/mla/prefill/flash_attn.py:387-394, the padding at :420-424);
-- fp8: e4m3 tensors with (batch, heads_kv) float32 descales, as the fork's FA3 takes them.
+- fp8: e4m3 tensors with (batch, heads_kv) float32 descales, as the fork's FA3 takes them;
+- FA3's split-KV as vLLM's step sets it (`step_settings`): in vLLM's default CUDA graph mode
+  (FULL_AND_PIECEWISE: a decode step replays a full graph) a step of at most the largest captured size runs
+  with `num_splits` = 32, the bound of FA3's split of the KV cache among the SMs, where a larger step leaves
+  it to FA3's own heuristic (0); and vLLM plans FA3's schedule ahead of the call (`get_scheduler_metadata`
+  with the same bound, passed as `scheduler_metadata`) unless the model's layers use more than one sliding
+  window (Gemma 2 and 3, gpt-oss), where it passes none (vllm-project/vllm@v0.26.0
+  vllm/v1/attention/backends/flash_attn.py: the bound :400-420 and :489-499, the schedule :473-487 and
+  :505-531, the call :1014-1039; the bound's default `flash_attn_max_num_splits_for_cuda_graph`
+  vllm/config/attention.py:42; the largest captured size, min(2 x max_num_seqs, 512),
+  vllm/config/compilation.py:692-704). vLLM does both for FA3 only: its FA2 and FA4 calls keep 0.
 
 The extensions are not on PyPI on their own: `scripts/vllm-fa-site.py` takes them from the vLLM wheel
 of the release named there, with that wheel's `METADATA`, so the records' kernel version is the vLLM
@@ -43,6 +53,30 @@ ENTRY = f"{PACKAGE}.flash_attn_varlen_func"
 # availability asks for the version's own extension, not just the package.
 EXTENSIONS = {2: f"{PACKAGE}._vllm_fa2_C", 3: f"{PACKAGE}._vllm_fa3_C"}
 SINK_DTYPE = torch.bfloat16  # the fork's FA3 takes s_aux only as bf16
+# vLLM's FA3 step (see the module's docstring): the split bound of a step replayed from a full CUDA graph, and
+# the most tokens a captured step holds with vLLM's default max_num_seqs (256).
+SPLIT_BOUND = 32
+GRAPH_TOKENS = 512
+
+
+def step_settings(p: Problem, version: int) -> tuple[int, bool]:
+    """(num_splits, whether FA3's schedule is planned ahead) of vLLM's call for this problem's step: FA3's own
+    heuristic and no plan (0, False) for FA2 and for a case without vLLM's paged cache."""
+    if version != 3 or not p.case.has("paged_kv"):
+        return 0, False
+    tokens = sum(p.valid_q(b) for b in range(p.shape.batch))
+    return (SPLIT_BOUND if tokens <= GRAPH_TOKENS else 0), p.one_window_size
+
+
+def schedule_arguments(p: Problem, kw: dict) -> dict:
+    """The keyword arguments of vLLM's `get_scheduler_metadata` call for the varlen call `kw` (its builder's
+    `schedule()`: the cache's block size, the call's causal flag and window, the step's split bound; vLLM passes
+    the qk head dim alone and no softcap flag)."""
+    hq, hkv = p.q.shape[2], p.k.shape[2]
+    return {"batch_size": p.shape.batch, "max_seqlen_q": kw["max_seqlen_q"], "max_seqlen_k": kw["max_seqlen_k"],
+            "num_heads_q": hq, "num_heads_kv": hkv, "headdim": p.case.head_dim, "cache_seqlens": kw["seqused_k"],
+            "qkv_dtype": p.q.dtype, "cu_seqlens_q": kw["cu_seqlens_q"], "page_size": p.page_size,
+            "causal": kw["causal"], "window_size": tuple(kw["window_size"]), "num_splits": kw.get("num_splits", 0)}
 
 
 def entry_for(case: Case, version: int) -> str:
@@ -57,7 +91,8 @@ def pads_v(case: Case, version: int) -> bool:
 
 
 def call_arguments(p: Problem, version: int) -> tuple[tuple, dict, Callable[[torch.Tensor], torch.Tensor]]:
-    """(positional q, k, v), keyword arguments and the output's unpacker for one call of the entry point.
+    """(positional q, k, v), keyword arguments and the output's unpacker for one call of the entry point. Where
+    vLLM plans FA3's schedule ahead (`step_settings`), `prepare` adds the plan as `scheduler_metadata`.
 
     Pure: builds tensors, calls nothing from vLLM (the unit tests check the mapping on the CPU).
     """
@@ -80,6 +115,9 @@ def call_arguments(p: Problem, version: int) -> tuple[tuple, dict, Callable[[tor
         kw.update(seqused_k=p.seqlens_k_tensor(), block_table=table)
     else:
         kw["cu_seqlens_k"] = cu_k
+    splits, _ = step_settings(p, version)
+    if splits:
+        kw["num_splits"] = splits
     if p.sinks is not None:
         s_aux = p.sinks.to(SINK_DTYPE)
         p.sinks = s_aux.float()  # the reference sees the values the kernel was given
@@ -109,6 +147,10 @@ def make_prepare(version: int) -> Callable[[Problem], Callable[[], torch.Tensor]
         from vllm.vllm_flash_attn import flash_attn_varlen_func  # torch is already imported (problem.py)
 
         args, kw, unpack = call_arguments(p, version)
+        if step_settings(p, version)[1]:  # planned once, before the calls, as vLLM's builder does each step
+            from vllm.vllm_flash_attn import get_scheduler_metadata
+
+            kw["scheduler_metadata"] = get_scheduler_metadata(**schedule_arguments(p, kw))
 
         def call() -> torch.Tensor:
             return unpack(_first(flash_attn_varlen_func(*args, **kw)))

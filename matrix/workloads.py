@@ -151,11 +151,25 @@ def noise(rows: list[dict]) -> dict:
                       for x in [point_noise(r)] if x is not None])
 
 
+def latest_calls(rows: list[dict]) -> list[dict]:
+    """`rows` less the timed rows of a backend's call on a layer (backend, case, heads) whose profile a later check
+    row of that call changed: a backend re-timed in another call (kernels/vllm_fa.py: vLLM's FA3 step) ranks by
+    the timings of its latest call alone, never by a mix of two. The committed files are read oldest first (their
+    names start with the date, `load_rows`)."""
+    def call(r: dict) -> tuple:
+        return r.get("backend"), r.get("case"), r.get("heads_q"), r.get("heads_kv")
+
+    latest = {call(r): r.get("profile") for r in rows if r.get("set") == "check"}
+    return [r for r in rows
+            if r.get("set") not in TIMED_SETS or latest.get(call(r), r.get("profile")) == r.get("profile")]
+
+
 def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:
     """(noise, orders) from sweep rows (benchmarks/regret.py). The noise is `noise(rows)` (p90 is the tie band);
     orders maps (arch, op, dtype, head_dim, head_dim_v, features, heads_q, heads_kv, batch, length) to
     (((backend, ms), ...) fastest first, how many of the first are within the band of the fastest).
-    Only backends whose check passed on that layer count."""
+    Only backends whose check passed on that layer count, by the timings of their latest call (`latest_calls`)."""
+    rows = latest_calls(rows)
     passed = {(r["backend"], r["case"], r["heads_q"], r["heads_kv"]) for r in rows
               if r["set"] == "check" and r["outcome"] == "pass"}
     times: dict[tuple, dict[str, float]] = {}
@@ -266,6 +280,9 @@ class Layer:
     sinks: bool = False
     qk_rope: int | None = None  # MLA: the rope part of head_dim
     source: str = ""
+    # Every attention layer of the model has this layer's window (or none): vLLM plans FA3's schedule ahead of the
+    # call only then (kernels/vllm_fa.py), so two layers of one call can still be called differently.
+    one_window_size: bool = True
 
     @property
     def name(self) -> str:
@@ -298,9 +315,11 @@ def load_presets(path: str | Path | None = None) -> list[Layer]:
         raise PresetError(str(e)) from None
     out = []
     for name, m in sorted(models.items()):
+        one_window = len({ly.sliding_window for ly in m.layers}) == 1
         for ly in m.layers:
             hq, hkv = ly.per_rank(m.tp)
             out.append(Layer(model=name, layer=ly.type, heads_q=hq, heads_kv=hkv, head_dim=ly.head_dim,
                              head_dim_v=ly.head_dim_v, window=ly.sliding_window, softcap=ly.softcap,
-                             sinks=ly.sinks, qk_rope=ly.qk_rope_head_dim, source=m.source))
+                             sinks=ly.sinks, qk_rope=ly.qk_rope_head_dim, source=m.source,
+                             one_window_size=one_window))
     return out

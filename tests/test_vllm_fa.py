@@ -43,12 +43,25 @@ class FakeVarlen:
         return self.calls[0]
 
 
+class FakeSchedule:
+    """Stands in for get_scheduler_metadata: records its arguments, returns a plan the call must carry."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, **kw):
+        self.calls.append(kw)
+        return torch.tensor([len(self.calls)], dtype=torch.int32)
+
+
 @pytest.fixture
 def fake_vllm(monkeypatch):
     fn = FakeVarlen()
+    fn.schedule = FakeSchedule()
     vllm = types.ModuleType("vllm")
     pkg = types.ModuleType("vllm.vllm_flash_attn")
     pkg.flash_attn_varlen_func = fn
+    pkg.get_scheduler_metadata = fn.schedule
     vllm.vllm_flash_attn = pkg
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.vllm_flash_attn", pkg)
@@ -136,6 +149,43 @@ def test_paged_kv_uses_block_table_and_seqused_k(fake_vllm, block, op):
     assert kw["seqused_k"].tolist() == [sk] * b and "cu_seqlens_k" not in kw
     assert q.shape == (b * p.shape.seqlen_q, 4, 32)
     assert out.shape == p.q.shape[:-1] + (32,)
+
+
+def test_fa3_on_the_paged_cache_takes_vllms_split_bound_and_planned_schedule(fake_vllm):
+    from dataclasses import replace
+
+    from attnmatrix.kernels.vllm_fa import GRAPH_TOKENS, SPLIT_BOUND
+
+    # a decode step (3 tokens, a CUDA graph's size): bound 32, the schedule planned once with the call's own terms
+    p = _problem("vllm_fa3", ("paged_kv:16", "sliding_window"), op="decode")
+    load_backend("vllm_fa3").prepare(p)()
+    kw = fake_vllm.last[3]
+    assert kw["num_splits"] == SPLIT_BOUND and kw["scheduler_metadata"].tolist() == [1]
+    (plan,) = fake_vllm.schedule.calls
+    assert plan["num_splits"] == SPLIT_BOUND and plan["batch_size"] == 3 and plan["page_size"] == 16
+    assert plan["cache_seqlens"] is kw["seqused_k"] and plan["cu_seqlens_q"] is kw["cu_seqlens_q"]
+    assert (plan["num_heads_q"], plan["num_heads_kv"], plan["headdim"]) == (4, 4, 32)
+    assert plan["window_size"] == tuple(kw["window_size"]) != (-1, -1) and plan["causal"] == kw["causal"]
+    # a model whose layers have several windows: the bound, no plan
+    fake_vllm.calls.clear()
+    fake_vllm.schedule.calls.clear()
+    load_backend("vllm_fa3").prepare(replace(p, one_window_size=False))()
+    kw = fake_vllm.last[3]
+    assert kw["num_splits"] == SPLIT_BOUND and "scheduler_metadata" not in kw and not fake_vllm.schedule.calls
+    # a step past the largest CUDA graph: FA3's own heuristic (0), still planned
+    fake_vllm.calls.clear()
+    big = make_problem(Case("sm_90", "vllm_fa3", "prefill", "bfloat16", 32, 32, ("causal", "paged_kv:16")),
+                       Shape("t", 3, GRAPH_TOKENS // 3 + 1, GRAPH_TOKENS // 3 + 1, 4, 4), seed=1)
+    load_backend("vllm_fa3").prepare(big)()
+    kw = fake_vllm.last[3]
+    assert "num_splits" not in kw and fake_vllm.schedule.calls[-1]["num_splits"] == 0 and "scheduler_metadata" in kw
+
+
+@pytest.mark.parametrize("name,features", [("vllm_fa2", ("paged_kv:16",)), ("vllm_fa3", ("causal",))])
+def test_fa2_and_an_unpaged_case_leave_the_split_to_the_kernel(fake_vllm, name, features):
+    load_backend(name).prepare(_problem(name, features, op="decode" if name == "vllm_fa2" else "prefill"))()
+    kw = fake_vllm.last[3]
+    assert "num_splits" not in kw and "scheduler_metadata" not in kw and not fake_vllm.schedule.calls
 
 
 def test_sinks_go_in_as_bf16_and_the_reference_sees_the_same_values(fake_vllm):

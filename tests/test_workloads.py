@@ -53,6 +53,18 @@ def test_presets_are_the_models_files_layers_per_gpu_and_say_what_is_wrong(tmp_p
         W.load_presets(bad)
 
 
+def test_a_layer_knows_whether_its_model_has_one_window_size_and_the_vllm_fa3_profile_says_so():
+    layers = {ly.name: ly for ly in W.load_presets()}
+    # Gemma 2 and gpt-oss mix windowed and full layers; Mistral 7B v0.1 windows every layer, Llama none
+    assert not layers["gemma-2-9b:global"].one_window_size and not layers["gpt-oss-20b:sliding"].one_window_size
+    assert layers["mistral-7b-v0.1:sliding"].one_window_size and layers["llama-3.1-8b:full"].one_window_size
+    T = load_script("benchmarks/workload_timing.py")
+    assert T.profile_of("vllm_fa3", layers["llama-3.1-8b:full"]).endswith("scheduler_metadata planned ahead")
+    assert "no scheduler_metadata" in T.profile_of("vllm_fa3", layers["gemma-2-9b:global"])
+    assert T.profile_of("vllm_fa4", layers["gemma-2-9b:global"]) == "vllm: varlen q, block_table (block 16) + seqused_k"
+    assert T.profile_of("fa4") == "library API, contiguous KV"
+
+
 @pytest.mark.slow
 def test_the_sweeps_call_keyed_as_the_selector_looks_it_up_is_the_models_query():
     # One rule for a model layer's query (models.call_params): the workload sweep's case (Layer.features: decode
@@ -445,3 +457,16 @@ def test_sweep_refuses_an_output_with_warm_only_none_without_it_and_fewer_than_t
         _regret().main(["sweep", "--backends", "sdpa_cpu", *args])
     assert e.value.code == 2 and "sweep:" in capsys.readouterr().err
     assert not (tmp_path / "run.jsonl").exists()
+
+
+def test_a_backend_re_timed_in_another_call_ranks_by_its_latest_call_alone():
+    call = {"backend": "x", "case": "sm_90/x/decode/bfloat16/64x64/none", "heads_q": 4, "heads_kv": 4}
+    old = [{**call, "set": "check", "profile": "a"}, {**call, "set": "bucket", "profile": "a", "batch": 1, "ms": 2.0},
+           {**call, "set": "bucket", "profile": "a", "batch": 2, "ms": 3.0}]
+    new = [{**call, "set": "check", "profile": "b"}, {**call, "set": "bucket", "profile": "b", "batch": 1, "ms": 1.0}]
+    other = [{**call, "backend": "y", "set": "bucket", "profile": "a", "batch": 1, "ms": 5.0}]
+    kept = W.latest_calls(old + other + new)
+    # x's call "a" at batch 2 is not mixed into call "b"'s timings; y (no later call) and the check rows stay
+    assert [(r["backend"], r["set"], r.get("batch")) for r in kept] == [
+        ("x", "check", None), ("y", "bucket", 1), ("x", "check", None), ("x", "bucket", 1)]
+    assert W.latest_calls(old) == old
