@@ -20,8 +20,9 @@ Rules:
   tile (`selector_workloads.tile_readings`).
 
 The grid alone cannot judge `no_tiles`: a hidden point's tile loses the very length the tile reading needs. The
-shape scans can (`--scans`, benchmarks/results/scan-*.jsonl): every scanned length off the grid is placed from the
-committed grid, whole, and scored against the scan's own timings there.
+shape scans can (`--scans`, benchmarks/results/*scan-*.jsonl): every scanned point off the grid is placed from the
+committed grid, whole, and scored against the scan's own timings there, each backend's only where the scan ran the
+call the grid ranks it by (a later scan of a point replaces an earlier one's reading).
 """
 
 from __future__ import annotations
@@ -97,24 +98,33 @@ def score(regrets: dict[str, list[float]], orders: dict, truth: dict[str, float]
             regrets[rule].append(truth[pick] / min(truth.values()))
 
 
+def scan_truth(rows: list[dict], scans: list[Path]) -> dict[tuple, dict[str, float]]:
+    """(cell, heads_q, heads_kv, batch, length) -> backend -> ms at every scanned point, from the scans in order (a
+    later scan's reading of a point replaces an earlier one's), each backend only in the call the grid ranks it by
+    (`workloads.in_call`): a scan of a backend's earlier call says nothing of the call the selector answers for."""
+    profiles = W.call_profiles(rows)
+    timed: dict[tuple, dict[str, float]] = {}
+    for f in scans:
+        scan = W.load_rows([Path(f)])  # a timed row's shared fields filled back in from its check row
+        passed = {(r["backend"], r["layer"]) for r in scan if r["set"] == "check" and r["outcome"] == "pass"}
+        for r in scan:
+            if (r["set"] == "scan" and r["outcome"] == "pass" and (r["backend"], r["layer"]) in passed
+                    and W.in_call(r, profiles)):
+                point = (W.cell_of(r["case"]), r["heads_q"], r["heads_kv"], r["batch"], r["length"])
+                timed.setdefault(point, {})[r["backend"]] = r["ms"]
+    return timed
+
+
 def on_scans(rows: list[dict], scans: list[Path]) -> dict:
     """Per rule: the regret of its first choice at every scanned point off the grid, placed from the whole grid."""
     noise, orders = W.bucket_orders(rows)
     band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
     cells = W.selector_rows(orders)
     regrets: dict[str, list[float]] = {r: [] for r in RULES}
-    for f in scans:
-        timed: dict[tuple, dict[str, float]] = {}
-        scan = W.load_rows([Path(f)])  # a timed row's shared fields filled back in from its check row
-        passed = {(r["backend"], r["layer"]) for r in scan if r["set"] == "check" and r["outcome"] == "pass"}
-        for r in scan:
-            if r["set"] == "scan" and r["outcome"] == "pass" and (r["backend"], r["layer"]) in passed:
-                point = (W.cell_of(r["case"]), r["heads_q"], r["heads_kv"], r["batch"], r["length"])
-                timed.setdefault(point, {})[r["backend"]] = r["ms"]
-        for (cell, hq, hkv, b, n), truth in sorted(timed.items()):
-            layer = [r for r in cells.get(cell, ()) if r[:2] == (hq, hkv)]
-            if layer and (b, n) not in {(r[2], r[3]) for r in layer}:
-                score(regrets, rule_orders(layer, cell[1], b, n, band, spread), truth)
+    for (cell, hq, hkv, b, n), truth in sorted(scan_truth(rows, scans).items()):
+        layer = [r for r in cells.get(cell, ()) if r[:2] == (hq, hkv)]
+        if layer and (b, n) not in {(r[2], r[3]) for r in layer}:
+            score(regrets, rule_orders(layer, cell[1], b, n, band, spread), truth)
     return summary(regrets)
 
 
@@ -137,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="*", help="sweep files (default: the committed ones, matrix/data/workloads)")
     ap.add_argument("-o", "--output", help="the summary as JSON")
     ap.add_argument("--scans", action="store_true", help="also score the rules on the committed shape scans "
-                    "(benchmarks/results/scan-*.jsonl)")
+                    "(benchmarks/results/*scan-*.jsonl, in name order: a later scan's reading of a point replaces "
+                    "an earlier one's)")
     ap.add_argument("--scan", action="append", default=[], metavar="FILE",
                     help="also score the rules on this shape scan (benchmarks/shape_scan.py -o); repeatable")
     args = ap.parse_args(argv)
@@ -145,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     result = compare(rows)
     scans = [Path(f) for f in args.scan]
     if args.scans:
-        scans += sorted((Path(__file__).parent / "results").glob("scan-*.jsonl"))
+        scans += sorted((Path(__file__).parent / "results").glob("*scan-*.jsonl"), key=lambda f: f.name)
     if scans:
         result["scans"] = {"files": [f.name for f in scans], "rules": on_scans(rows, scans)}
     if args.output:

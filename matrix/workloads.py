@@ -156,12 +156,23 @@ def latest_calls(rows: list[dict]) -> list[dict]:
     row of that call changed: a backend re-timed in another call (kernels/vllm_fa.py: vLLM's FA3 step) ranks by
     the timings of its latest call alone, never by a mix of two. The committed files are read oldest first (their
     names start with the date, `load_rows`)."""
-    def call(r: dict) -> tuple:
-        return r.get("backend"), r.get("case"), r.get("heads_q"), r.get("heads_kv")
+    latest = call_profiles(rows)
+    return [r for r in rows if r.get("set") not in TIMED_SETS or in_call(r, latest)]
 
-    latest = {call(r): r.get("profile") for r in rows if r.get("set") == "check"}
-    return [r for r in rows
-            if r.get("set") not in TIMED_SETS or latest.get(call(r), r.get("profile")) == r.get("profile")]
+
+def call_of(row: dict) -> tuple:
+    """A backend's call on a layer, as the rows of one name it: (backend, case, heads_q, heads_kv)."""
+    return row.get("backend"), row.get("case"), row.get("heads_q"), row.get("heads_kv")
+
+
+def call_profiles(rows: list[dict]) -> dict[tuple, str | None]:
+    """Each call's (`call_of`) latest profile, from the last check row of it in `rows`."""
+    return {call_of(r): r.get("profile") for r in rows if r.get("set") == "check"}
+
+
+def in_call(row: dict, profiles: dict[tuple, str | None]) -> bool:
+    """Whether a timed row was made in the call `profiles` holds for it (a call they do not hold: any)."""
+    return profiles.get(call_of(row), row.get("profile")) == row.get("profile")
 
 
 def bucket_orders(rows: list[dict]) -> tuple[dict, dict]:

@@ -87,3 +87,28 @@ def test_the_scans_score_each_rule_at_lengths_the_grid_does_not_hold(tmp_path):
     result = R.on_scans(rows, [scan])  # 296 is a grid point: only 360 is scored; z failed its check there
     assert result["interpolate"]["points"] == 1 and result["interpolate"]["max"] == 1.0
     assert result["no_tiles"]["max"] == 1.1  # between 296 and 424, x's step is smeared and y looks faster
+
+
+def test_a_scan_counts_each_backend_only_in_the_call_the_grid_ranks_it_by(tmp_path):
+    import json
+
+    R = _rules()
+    call = {"layer": "m:l", "op": "decode", "outcome": "pass", "arch": "sm_90", "heads_q": 8, "heads_kv": 1,
+            "case": "sm_90/x/decode/bfloat16/128x128/gqa"}
+    grid = [{**call, "backend": "x", "set": "check", "profile": "new"}, {**call, "backend": "y", "set": "check"}]
+
+    def scan_file(name: str, x_profile: str, times: dict[str, float]):
+        checks = [{**call, "backend": "x", "set": "check", "profile": x_profile}, {**call, "backend": "y",
+                                                                                    "set": "check"}]
+        timed = [{**call, "backend": b, "set": "scan", "batch": 5, "length": 2048, "ms": ms} for b, ms in times.items()]
+        f = tmp_path / name
+        f.write_text("".join(json.dumps(r) + "\n" for r in checks + timed))
+        return f
+
+    old = scan_file("scan-a.jsonl", "old", {"x": 1.0, "y": 2.0})
+    new = scan_file("vllm-step-scan-b.jsonl", "new", {"x": 3.0, "y": 2.5})
+    # x's earlier call is left out of the old scan; the later scan's readings replace the earlier ones
+    truth = R.scan_truth(grid, [old])
+    assert [dict(t) for t in truth.values()] == [{"y": 2.0}]
+    assert list(R.scan_truth(grid, [old, new]).values()) == [{"x": 3.0, "y": 2.5}]
+    assert next(iter(truth))[3:] == (5, 2048)
