@@ -15,6 +15,9 @@ within its p90 of the fastest tie. A killed sweep resumes after its last finishe
 workload it was in the middle of is timed again (with `--new-points-only` into a file among the committed ones, but
 the points it had timed), and the last reading of a point counts.
 
+`--ops decode` times the decode calls alone (after a change to how an engine makes them: kernels/vllm_fa.py
+`graph_batch`); a backend re-timed in another call ranks by the latest (`workloads.latest_calls`).
+
 FA4 compiles a kernel on its first call at each new configuration: `--warm-only` (with
 `FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`, no `-o`) makes every call once and times nothing; run it in parallel
 shards first, and the timing process loads the compiled kernels from the cache.
@@ -78,8 +81,14 @@ def sweep(args: argparse.Namespace) -> int:
     # (`layers`).
     same: dict[tuple, list[str]] = {}
     work = []
+    ops = set(args.ops.split(",")) if args.ops else None
+    if ops and ops - set(W.BUCKETS):
+        raise SystemExit(f"--ops {args.ops}: unknown op(s) {', '.join(sorted(ops - set(W.BUCKETS)))} "
+                         f"(known: {', '.join(W.BUCKETS)})")
     for ly in layers:
         for op in ly.ops():
+            if ops and op not in ops:
+                continue
             sig = (op, ly.heads_q, ly.heads_kv, ly.head_dim, ly.head_dim_v, ly.features(op), ly.window,
                    ly.one_window_size)
             if sig not in same:
@@ -366,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("-o", "--output", help="JSON Lines, appended to; a workload already finished there (its `done` "
                    "line, same backends) is not timed again, so a killed sweep resumes")
     s.add_argument("--presets", help=f"models file (default matrix/data/{W.DEFAULT_MODELS.name})")
+    s.add_argument("--ops", help="comma-separated: time only the layers' calls of these ops (e.g. decode, after "
+                   "a change to one op's call); default every op a layer runs")
     s.add_argument("--shard", default="0/1", help="i/n: this process takes every n-th workload from i")
     s.add_argument("--dtype", choices=("bfloat16", "float16"), default=DTYPE, help="one dtype per output file")
     s.add_argument("--rounds", type=int, default=6,

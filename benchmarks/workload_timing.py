@@ -29,14 +29,16 @@ def case_for(layer: Layer, op: str, backend: str, arch: str, dtype: str = DTYPE)
 
 
 def profile_of(backend: str, layer: Layer | None = None) -> str:
-    """The call a backend's timed rows ran, as they record it (`profile`): vLLM's for its backends, with FA3's
-    split bound and planned schedule as vLLM's step sets them for the layer's model (kernels/vllm_fa.py)."""
+    """The call a backend's timed rows ran, as they record it (`profile`): vLLM's for its backends, a decode step
+    padded to the captured batch it replays, with FA3's split bound and planned schedule as vLLM's step sets them
+    for the layer's model (kernels/vllm_fa.py)."""
     if backend not in VLLM_BACKENDS:
         return "library API, contiguous KV"
-    call = f"vllm: varlen q, block_table (block {VLLM_BLOCK}) + seqused_k"
-    if backend == "vllm_fa3":
-        from attnmatrix.kernels.vllm_fa import GRAPH_TOKENS, SPLIT_BOUND
+    from attnmatrix.kernels.vllm_fa import GRAPH_TOKENS, SPLIT_BOUND
 
+    call = (f"vllm: varlen q, block_table (block {VLLM_BLOCK}) + seqused_k; a decode step of up to {GRAPH_TOKENS} "
+            "sequences padded to vLLM's captured batch with empty ones")
+    if backend == "vllm_fa3":
         plan = ("scheduler_metadata planned ahead" if layer is None or layer.one_window_size
                 else "no scheduler_metadata (the model's layers have several windows)")
         call += f"; num_splits {SPLIT_BOUND} up to {GRAPH_TOKENS} tokens a step, {plan}"
@@ -53,7 +55,9 @@ def shape_for(layer: Layer, op: str, batch: int, length: int, name: str | None =
 
 def _check(backend, case, layer: Layer, op: str) -> tuple[str, str | None, str | None]:
     """(outcome, reason, entry) of the backend on the matrix's validation shape of the op (its window cuts most
-    of a row) with the layer's head counts, and the layer's window where that is narrower still."""
+    of a row) with the layer's head counts, and the layer's window where that is narrower still; decode one
+    sequence past it (5), a batch vLLM's step pads to its captured 8 with empty sequences (kernels/vllm_fa.py
+    `graph_batch`), so the padded call is the one checked."""
     from dataclasses import replace
 
     import torch
@@ -64,7 +68,7 @@ def _check(backend, case, layer: Layer, op: str) -> tuple[str, str | None, str |
 
     val = VALIDATION_SHAPES[op]
     shape = replace(val, heads_q=layer.heads_q, heads_kv=layer.heads_kv,
-                    window=min(val.window, layer.window or val.window))
+                    window=min(val.window, layer.window or val.window), batch=val.batch + (op == "decode"))
     p = replace(make_problem(case, shape, device=backend.device, seed=0), one_window_size=layer.one_window_size)
     entry = backend.entry(case)
     try:

@@ -31,6 +31,13 @@ alike) and its FLASH_ATTN MLA prefill backend both call it, so a probe calls it 
   :505-531, the call :1014-1039; the bound's default `flash_attn_max_num_splits_for_cuda_graph`
   vllm/config/attention.py:42; the largest captured size, min(2 x max_num_seqs, 512),
   vllm/config/compilation.py:692-704). vLLM does both for FA3 only: its FA2 and FA4 calls keep 0.
+- a decode step replays the CUDA graph captured for the smallest of vLLM's captured batch sizes (1, 2, 4, every
+  8th to 248, every 16th to the largest) that holds it, so the kernel runs that many sequences: the step's, then
+  empty ones (no query token, no cached token, the null block in the block table), and FA3's schedule is planned
+  for them all (`graph_batch`, `pad_to_graph`; vllm-project/vllm@v0.26.0 vllm/v1/worker/gpu_model_runner.py:
+  `pad_attn` :4263 and the padded metadata :2285-2317 and :2337-2343, the zeroed lengths :2172; the sizes
+  vllm/config/vllm.py:1748-1749 and :1808-1836). Kernels whose split heuristics step from one batch to the next
+  are so timed at the batches vLLM runs. vLLM's FA4 call (kernels/vllm_fa4.py) is padded alike.
 
 The extensions are not on PyPI on their own: `scripts/vllm-fa-site.py` takes them from the vLLM wheel
 of the release named there, with that wheel's `METADATA`, so the records' kernel version is the vLLM
@@ -59,6 +66,37 @@ SPLIT_BOUND = 32
 GRAPH_TOKENS = 512
 
 
+def capture_sizes(largest: int = GRAPH_TOKENS) -> list[int]:
+    """vLLM's default CUDA-graph batch sizes up to `largest` (see the module's docstring)."""
+    return ([n for n in (1, 2, 4) if n <= largest] + list(range(8, min(largest + 1, 256), 8))
+            + list(range(256, largest + 1, 16)))
+
+
+def graph_batch(p: Problem, paged: bool | None = None) -> int:
+    """The number of sequences the kernel runs for this problem's step in vLLM: a decode step (one query token a
+    sequence, on the paged cache: the case's, or `paged` where the caller pages it) of at most the largest
+    captured size runs padded to the smallest captured size that holds it; any other step runs as it is."""
+    b = p.shape.batch
+    paged = p.case.has("paged_kv") if paged is None else paged
+    if p.case.op != "decode" or not paged or b > GRAPH_TOKENS or p.max_valid_q() != 1:
+        return b
+    return next(n for n in capture_sizes() if n >= b)
+
+
+def pad_to_graph(q: torch.Tensor, kw: dict, graph: int, table: str = "block_table") -> torch.Tensor:
+    """Add the empty sequences of vLLM's padded decode step to a varlen call on the paged cache, in place in `kw`
+    (`cu_seqlens_q` repeats its end, `seqused_k` is 0, the block table's row is the null block 0), and return q
+    with their token rows (zeros): the kernel runs `graph` sequences, the output's first rows are the step's."""
+    extra = graph - (kw["cu_seqlens_q"].numel() - 1)
+    if extra <= 0:
+        return q
+    cu, used, blocks = kw["cu_seqlens_q"], kw["seqused_k"], kw[table]
+    kw["cu_seqlens_q"] = torch.cat([cu, cu[-1:].expand(extra)])
+    kw["seqused_k"] = torch.cat([used, used.new_zeros(extra)])
+    kw[table] = torch.cat([blocks, blocks.new_zeros((extra, blocks.shape[1]))])
+    return torch.cat([q, q.new_zeros((extra, *q.shape[1:]))])
+
+
 def step_settings(p: Problem, version: int) -> tuple[int, bool]:
     """(num_splits, whether FA3's schedule is planned ahead) of vLLM's call for this problem's step: FA3's own
     heuristic and no plan (0, False) for FA2 and for a case without vLLM's paged cache."""
@@ -70,10 +108,11 @@ def step_settings(p: Problem, version: int) -> tuple[int, bool]:
 
 def schedule_arguments(p: Problem, kw: dict) -> dict:
     """The keyword arguments of vLLM's `get_scheduler_metadata` call for the varlen call `kw` (its builder's
-    `schedule()`: the cache's block size, the call's causal flag and window, the step's split bound; vLLM passes
-    the qk head dim alone and no softcap flag)."""
+    `schedule()`: the sequences the kernel runs (`graph_batch`), the cache's block size, the call's causal flag and
+    window, the step's split bound; vLLM passes the qk head dim alone and no softcap flag)."""
     hq, hkv = p.q.shape[2], p.k.shape[2]
-    return {"batch_size": p.shape.batch, "max_seqlen_q": kw["max_seqlen_q"], "max_seqlen_k": kw["max_seqlen_k"],
+    return {"batch_size": kw["seqused_k"].numel(), "max_seqlen_q": kw["max_seqlen_q"],
+            "max_seqlen_k": kw["max_seqlen_k"],
             "num_heads_q": hq, "num_heads_kv": hkv, "headdim": p.case.head_dim, "cache_seqlens": kw["seqused_k"],
             "qkv_dtype": p.q.dtype, "cu_seqlens_q": kw["cu_seqlens_q"], "page_size": p.page_size,
             "causal": kw["causal"], "window_size": tuple(kw["window_size"]), "num_splits": kw.get("num_splits", 0)}
@@ -113,6 +152,8 @@ def call_arguments(p: Problem, version: int) -> tuple[tuple, dict, Callable[[tor
     if c.has("paged_kv"):
         k, v, table = p.paged_kv()
         kw.update(seqused_k=p.seqlens_k_tensor(), block_table=table)
+        q = pad_to_graph(q, kw, graph_batch(p))
+        b = kw["seqused_k"].numel()
     else:
         kw["cu_seqlens_k"] = cu_k
     splits, _ = step_settings(p, version)
@@ -127,6 +168,12 @@ def call_arguments(p: Problem, version: int) -> tuple[tuple, dict, Callable[[tor
         for name, s in zip(("q_descale", "k_descale", "v_descale"), p.descale, strict=True):
             kw[name] = torch.full((b, hkv), s, dtype=torch.float32, device=p.q.device)
     unpack = p.unpacker()
+    if b != p.shape.batch:  # the padded step's output: the step's own tokens first
+        tokens, inner_step = sum(p.valid_q(i) for i in range(p.shape.batch)), unpack
+
+        def unpack(out: torch.Tensor) -> torch.Tensor:
+            return inner_step(out[:tokens])
+
     if pads_v(c, version):
         v = torch.nn.functional.pad(v, [0, c.head_dim - c.head_dim_v], value=0)
         dv = c.head_dim_v

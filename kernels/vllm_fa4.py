@@ -30,6 +30,8 @@ vLLM's call profile (what its FLASH_ATTN decoder backend passes, vllm-project/vl
   (fa_utils.py:255, "Larger blocks are split into 128-token kernel pages"); any other block size is one
   vLLM never gives this kernel (it falls back to FA2, fa_utils.py:236-256): it is passed as it is and the
   kernel answers in its own words;
+- a decode step of at most vLLM's largest captured batch runs padded to a captured batch size with empty
+  sequences, as for vLLM's FA3 (kernels/vllm_fa.py `graph_batch`);
 - fp8 KV cache on SM90: Q stays bf16/fp16 and only K/V are fp8 e4m3, paged in 64-token pages, with
   (batch, kv heads) K/V descales and `fp8_kv_dequant=True` (flash_attn_interface.py:456-495;
   flash_attn.py:324 for the 64-token page, :1158-1166 for the unquantized query). vLLM routes fp8 KV to
@@ -76,6 +78,7 @@ from attnmatrix.matrix.cases import Case
 from .base import Backend
 from .fa4 import FA4Call, compile_with_fake_tensors
 from .problem import Problem, Unsupported
+from .vllm_fa import graph_batch, pad_to_graph
 
 PACKAGE = "vllm.vllm_flash_attn.cute"
 LIBRARY = "vllm"
@@ -261,10 +264,15 @@ def build_vllm_call(p: Problem) -> FA4Call:
         kw.update(cu_seqlens_q=cu_q, max_seqlen_q=p.max_valid_q(), page_table=table,
                   seqused_k=p.seqlens_k_tensor(), max_seqlen_k=p.max_valid_k())
         post = p.unpacker()
+        graph = graph_batch(p, paged=True)
+        if graph != b:  # vLLM's decode step replays the graph of a captured batch size (kernels/vllm_fa.py)
+            q = pad_to_graph(q, kw, graph, table="page_table")
+            b, tokens, unpack = graph, sum(p.valid_q(i) for i in range(p.shape.batch)), post
+            post = lambda out: unpack(out[:tokens])  # noqa: E731
         if _is_hd256_path(p):
             # vLLM's hd256 preparation: page-aligned max_seqlen_k, exact-width block table, no SplitKV.
             pages = -(-kw["max_seqlen_k"] // page)
-            kw["page_table"] = table[:, :pages]
+            kw["page_table"] = kw["page_table"][:, :pages]
             kw["max_seqlen_k"] = pages * page
             kw["num_splits"] = 1
     elif c.has("varlen"):

@@ -144,11 +144,39 @@ def test_paged_kv_uses_block_table_and_seqused_k(fake_vllm, block, op):
     q, k_cache, v_cache, kw = fake_vllm.last
     b, sk = p.shape.batch, p.shape.seqlen_k
     nblk = -(-sk // block)
+    empty = 1 if op == "decode" else 0  # a decode step of 3 runs in vLLM's graph of 4 (graph_batch)
     assert k_cache.shape == (b * nblk, block, 4, 32) and v_cache.shape == k_cache.shape
-    assert kw["block_table"].shape == (b, nblk) and kw["block_table"].dtype == torch.int32
-    assert kw["seqused_k"].tolist() == [sk] * b and "cu_seqlens_k" not in kw
-    assert q.shape == (b * p.shape.seqlen_q, 4, 32)
+    assert kw["block_table"].shape == (b + empty, nblk) and kw["block_table"].dtype == torch.int32
+    assert kw["seqused_k"].tolist() == [sk] * b + [0] * empty and "cu_seqlens_k" not in kw
+    assert q.shape == (b * p.shape.seqlen_q + empty, 4, 32)
     assert out.shape == p.q.shape[:-1] + (32,)
+
+
+@pytest.mark.parametrize("batch,graph", [(1, 1), (3, 4), (5, 8), (8, 8), (9, 16), (250, 256), (257, 272),
+                                         (512, 512), (513, 513)])
+def test_a_decode_step_runs_in_the_graph_of_the_smallest_captured_batch_that_holds_it(batch, graph):
+    from attnmatrix.kernels.vllm_fa import graph_batch
+
+    case = Case("sm_90", "vllm_fa3", "decode", "bfloat16", 32, 32, ("paged_kv:16",))
+    p = make_problem(case, Shape("t", batch, 1, 16, 1, 1), seed=1)
+    assert graph_batch(p) == graph
+    # not a uniform decode step, or no paged cache: as it is
+    prefill = make_problem(Case("sm_90", "vllm_fa3", "prefill", "bfloat16", 32, 32, ("causal", "paged_kv:16")),
+                           Shape("t", 3, 2, 16, 1, 1), seed=1)
+    assert graph_batch(prefill) == 3
+
+
+@pytest.mark.parametrize("name", ["vllm_fa2", "vllm_fa3"])
+def test_the_padded_sequences_are_empty_and_the_output_is_the_steps_own(fake_vllm, name):
+    p = _problem(name, ("paged_kv:16", "fp8"), op="decode")
+    out = load_backend(name).prepare(p)()
+    q, _, _, kw = fake_vllm.last
+    assert kw["cu_seqlens_q"].tolist() == [0, 1, 2, 3, 3]  # the 4th sequence has no query token
+    assert kw["seqused_k"].tolist()[-1] == 0 and kw["block_table"][-1].tolist() == [0] * kw["block_table"].shape[1]
+    assert torch.all(q[3] == 0) and kw["k_descale"].shape == (4, 4)
+    assert out.shape == p.q.shape[:-1] + (32,)
+    # the fake kernel echoes q's first feature: the step's three rows come back, in order
+    assert torch.equal(out[:, 0, :, 0], p.q[:, 0, :, 0].to(out.dtype))
 
 
 def test_fa3_on_the_paged_cache_takes_vllms_split_bound_and_planned_schedule(fake_vllm):
@@ -156,13 +184,13 @@ def test_fa3_on_the_paged_cache_takes_vllms_split_bound_and_planned_schedule(fak
 
     from attnmatrix.kernels.vllm_fa import GRAPH_TOKENS, SPLIT_BOUND
 
-    # a decode step (3 tokens, a CUDA graph's size): bound 32, the schedule planned once with the call's own terms
+    # a decode step (3 tokens, in the CUDA graph of 4): bound 32, the schedule planned once with the call's own terms
     p = _problem("vllm_fa3", ("paged_kv:16", "sliding_window"), op="decode")
     load_backend("vllm_fa3").prepare(p)()
     kw = fake_vllm.last[3]
     assert kw["num_splits"] == SPLIT_BOUND and kw["scheduler_metadata"].tolist() == [1]
     (plan,) = fake_vllm.schedule.calls
-    assert plan["num_splits"] == SPLIT_BOUND and plan["batch_size"] == 3 and plan["page_size"] == 16
+    assert plan["num_splits"] == SPLIT_BOUND and plan["batch_size"] == 4 and plan["page_size"] == 16
     assert plan["cache_seqlens"] is kw["seqused_k"] and plan["cu_seqlens_q"] is kw["cu_seqlens_q"]
     assert (plan["num_heads_q"], plan["num_heads_kv"], plan["headdim"]) == (4, 4, 32)
     assert plan["window_size"] == tuple(kw["window_size"]) != (-1, -1) and plan["causal"] == kw["causal"]

@@ -175,3 +175,21 @@ def test_the_extracted_copy_is_found_after_vllms_fa3_build_was_imported_from_ano
                        env={**__import__("os").environ, "ATTNMATRIX_VLLM_FA4_DIR": str(extracted)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "the extracted copy the extracted copy"
+
+
+@pytest.mark.parametrize("arch,feats,hd", [("sm_90a", ("paged_kv:16",), 128), ("sm_100a", ("paged_kv:128",), 256),
+                                           ("sm_90a", ("fp8",), 128)])
+def test_a_decode_step_is_padded_to_vllms_captured_batch_with_empty_sequences(monkeypatch, arch, feats, hd):
+    from attnmatrix.kernels.problem import Shape
+
+    monkeypatch.setenv("FLASH_ATTENTION_ARCH", arch)
+    p = make_problem(Case(arch, "vllm_fa4", "decode", "bfloat16", hd, hd, feats), Shape("t", 3, 1, 300, 4, 2))
+    call = vllm_fa4.build_vllm_call(p)
+    kw = call.kwargs
+    assert kw["cu_seqlens_q"].tolist() == [0, 1, 2, 3, 3] and kw["seqused_k"].tolist() == [300, 300, 300, 0]
+    assert kw["page_table"].shape[0] == 4 and not kw["page_table"][3].any() and call.args[0].shape[0] == 4
+    if "k_descale" in kw:
+        assert kw["k_descale"].shape == (4, 2)
+    # the output handed back is the step's own three sequences
+    out = torch.arange(4.0).view(4, 1, 1).expand(4, 4, hd)
+    assert call.post(out).shape == (3, 1, 4, hd) and call.post(out)[:, 0, 0, 0].tolist() == [0.0, 1.0, 2.0]
