@@ -155,7 +155,7 @@ def latest_calls(rows: list[dict]) -> list[dict]:
     """`rows` less the timed rows of a backend's call on a layer (backend, case, heads) whose profile a later check
     row of that call changed: a backend re-timed in another call (kernels/vllm_fa.py: vLLM's FA3 step) ranks by
     the timings of its latest call alone, never by a mix of two. The committed files are read oldest first (their
-    names start with the date, `load_rows`)."""
+    names start with the date, then a sequence number where one date has several: `load_rows`)."""
     latest = call_profiles(rows)
     return [r for r in rows if r.get("set") not in TIMED_SETS or in_call(r, latest)]
 
