@@ -36,8 +36,10 @@ alike) and its FLASH_ATTN MLA prefill backend both call it, so a probe calls it 
   empty ones (no query token, no cached token, the null block in the block table), and FA3's schedule is planned
   for them all (`graph_batch`, `pad_to_graph`; vllm-project/vllm@v0.26.0 vllm/v1/worker/gpu_model_runner.py:
   `pad_attn` :4263 and the padded metadata :2285-2317 and :2337-2343, the zeroed lengths :2172; the sizes
-  vllm/config/vllm.py:1748-1749 and :1808-1836). Kernels whose split heuristics step from one batch to the next
-  are so timed at the batches vLLM runs. vLLM's FA4 call (kernels/vllm_fa4.py) is padded alike.
+  vllm/config/vllm.py:1748-1749 and :1808-1836). vLLM's FA4 call (kernels/vllm_fa4.py) is padded alike. It
+  matters where a kernel's heuristic sees the padded batch: on the H200 at the batches vLLM pads, FA4 took 1.6%
+  longer on average and up to 1.5x, FA3 (whose planned schedule sees the step's own lengths) 0.1%
+  (benchmarks/results/README.md, the decode batch scan in vLLM's padded call).
 
 The extensions are not on PyPI on their own: `scripts/vllm-fa-site.py` takes them from the vLLM wheel
 of the release named there, with that wheel's `METADATA`, so the records' kernel version is the vLLM
