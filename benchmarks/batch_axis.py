@@ -139,17 +139,55 @@ def noise_of(rows: list[dict]) -> dict[tuple, float]:
             and r["outcome"] == "pass" for x in [W.point_noise(r)] if x is not None}
 
 
+def call_ratios(rows: list[dict], base: list[dict]) -> dict[str, dict[str, dict]]:
+    """backend -> {"captured", "padded"} -> the ratio of its time in the scan `rows` to its time in the scan `base`
+    at the same (layer, context, batch), split by whether vLLM runs that batch as it is (one of its captured batch
+    sizes) or padded to the next (kernels/vllm_fa.py `graph_batch`): what padding the step costs each backend."""
+    from attnmatrix.kernels.vllm_fa import capture_sizes
+
+    captured = set(capture_sizes())
+
+    def times(scan: list[dict]) -> dict[tuple, float]:
+        return {(r["layer"], r["length"], r["batch"], r["backend"]): r["ms"] for r in scan
+                if r["set"] == "scan" and r["outcome"] == "pass"}
+
+    new, old = times(rows), times(base)
+    out: dict[str, dict[str, list[float]]] = {}
+    for key in sorted(new.keys() & old.keys()):
+        kind = "captured" if key[2] in captured else "padded"
+        out.setdefault(key[3], {}).setdefault(kind, []).append(new[key] / old[key])
+    def spread(xs: list[float]) -> dict:
+        xs = sorted(xs)
+        return {**summary(xs), "p10": round(xs[len(xs) // 10], 4), "p90": round(xs[int(0.9 * len(xs))], 4),
+                "min": round(xs[0], 4)}
+
+    return {b: {kind: spread(xs) for kind, xs in sorted(per.items())} for b, per in sorted(out.items())}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scans", nargs="*", help="batch scans (default: benchmarks/results/scan-*-decode-batch.jsonl)")
     ap.add_argument("--sms", type=int, help="the GPU's SM count (default: from the scan's device: "
                     + ", ".join(f"{k} {v}" for k, v in SM_COUNT.items()) + ")")
+    ap.add_argument("--against", metavar="BASE", help="instead: each backend's time in the scans over its time in "
+                    "the scan BASE at the same points, at vLLM's captured batches and at those it pads")
     ap.add_argument("-o", "--output", help="the summary as JSON")
     args = ap.parse_args(argv)
     files = [Path(f) for f in args.scans] or sorted(RESULTS.glob("scan-*-decode-batch.jsonl"))
     if not files:
         ap.error("no batch scan given and none in benchmarks/results")
     rows = W.load_rows(files)
+    if args.against:
+        ratios = call_ratios(rows, W.load_rows([Path(args.against)]))
+        if args.output:
+            Path(args.output).write_text(json.dumps({"files": [f.name for f in files], "against": Path(
+                args.against).name, "ratios": ratios}, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"{', '.join(f.name for f in files)} over {Path(args.against).name}, point by point:")
+        for backend, kinds in ratios.items():
+            for kind, x in kinds.items():
+                print(f"  {backend:15} {kind:9} points {x['points']:5}  geomean {x['geomean']}  p10 {x['p10']}  "
+                      f"p90 {x['p90']}  min {x['min']}  max {x['max']}")
+        return 0
     devices = sorted({r.get("device") for r in rows if r["set"] == "check"})
     sms = args.sms or (SM_COUNT.get(devices[0]) if len(devices) == 1 else None)
     if not sms:

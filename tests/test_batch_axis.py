@@ -72,3 +72,13 @@ def test_main_writes_its_summary_and_names_a_missing_sm_count(tmp_path, capsys):
         A.main([str(other)])
     assert "no known SM count" in capsys.readouterr().err
     assert A.main([str(other), "--sms", "100"]) == 0
+
+
+def test_two_calls_compared_point_by_point_at_captured_and_at_padded_batches():
+    A = _axis()
+    base = _scan_rows({"v": {4: 1.0, 5: 1.0, 8: 2.0}, "u": {5: 3.0}})
+    padded = _scan_rows({"v": {4: 1.0, 5: 1.5, 8: 2.0}, "u": {5: 3.0}, "w": {5: 9.0}})
+    ratios = A.call_ratios(padded, base)
+    # vLLM runs 4 and 8 as they are and pads 5 to 8; a backend in one scan only is not compared
+    assert ratios["v"]["captured"]["points"] == 2 and ratios["v"]["captured"]["max"] == 1.0
+    assert ratios["v"]["padded"]["geomean"] == 1.5 and ratios["u"]["padded"]["max"] == 1.0 and "w" not in ratios
