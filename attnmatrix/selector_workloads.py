@@ -13,7 +13,8 @@ space from the timed points around it (bilinear between the grid values that bra
 between the two points on it), since a ranking read off one neighbouring point misses where the order changes
 between points. Where a bracketing point was not timed (the grid leaves out the largest corners), the nearest
 timed points stand in, weighted by 1 / squared distance. A backend not timed at some of the points is placed from
-those it was timed at. With one axis hinted, the timed point nearest on that axis is used.
+those it was timed at. With one axis hinted, the timed point nearest on that axis is used. A backend whose decode
+split follows the batch of vLLM's CUDA graph (DATA['graph_batches']) is read in the query's graph (`graph_readings`).
 
 Standard library only: part of the vendored selector (selector.py, selector_engine.py, selector_vllm.py,
 selector_workloads.py, vocabulary.py).
@@ -47,6 +48,14 @@ LENGTH_ALIGNMENT = 64
 # tile (`tile_readings`): between them the timed points cannot tell a step from a slow growth, and a kernel that
 # grows within that band across a tile is read up to that much too fast late in it.
 TILE = 128
+# vLLM replays a decode step from the CUDA graph captured for the smallest captured batch size that holds it, and a
+# kernel that picks its split of the KV cache from the number of sequences it is launched with (DATA['graph_batches']:
+# vLLM's FA4 copy) takes about the same time at every batch one graph holds and steps where the captured size steps
+# (matrix/vllm_graphs.py). Read between two timed batches of different graphs, such a step is smeared over the gap
+# and the kernel looks faster than it is just past the lower graph; it is read at the nearest timed batch at or above
+# the query in the query's graph (`graph_reading_batch`). Never at a timed batch below the query: within one graph
+# the time still grows with the step's own sequences.
+GRAPH_OPS = ("decode",)
 
 
 def workload_features(op, feats):
@@ -123,13 +132,14 @@ class Placement:
     within the noise band of the fastest, the first `uncertain` (placed between points) within the interpolation
     band: the timed points cannot tell them apart there."""
 
-    __slots__ = ("heads", "batch", "length", "points", "exact", "order", "ties", "uncertain", "tiled")
+    __slots__ = ("heads", "batch", "length", "points", "exact", "order", "ties", "uncertain", "tiled", "graphed")
 
-    def __init__(self, heads, batch, length, points, exact, order, ties, uncertain=None, tiled=()):
+    def __init__(self, heads, batch, length, points, exact, order, ties, uncertain=None, tiled=(), graphed=()):
         self.heads, self.batch, self.length = heads, batch, length
         self.points, self.exact, self.order, self.ties = points, exact, order, ties
         self.uncertain = ties if uncertain is None else max(ties, uncertain)
         self.tiled = tiled  # the backends read off the query's tile (`tile_readings`), not interpolated
+        self.graphed = graphed  # ((backend, batch read at), ...): read in the query's CUDA graph (`graph_readings`)
 
     def basis(self) -> str:
         heads = f"heads {self.heads[0]}/{self.heads[1]}"
@@ -139,8 +149,10 @@ class Placement:
             return f"{heads}, the timed point nearest on the hinted axis: batch {self.batch}, length {self.length}"
         near = ", ".join(f"{b}x{n}" for b, n in self.points)
         tiled = f"; {', '.join(self.tiled)} read off the {TILE}-token tile it is flat over" if self.tiled else ""
+        graphed = "".join(f"; {b} read at batch {at}, timed in the CUDA graph vLLM runs batch {self.batch} in"
+                          for b, at in self.graphed)
         return (f"{heads}, batch {self.batch}, length {self.length}, "
-                f"interpolated from the timed points (batch x length) {near}{tiled}")
+                f"interpolated from the timed points (batch x length) {near}{tiled}{graphed}")
 
 
 def bracket(v, values):
@@ -202,18 +214,50 @@ def tile_readings(by_point, batch, length, band):
     return out
 
 
+def graph_reading_batch(batch, sizes, timed):
+    """The batch a backend whose decode split follows vLLM's captured batch (`sizes`, the captured batch sizes) is
+    read at among its `timed` batches: where a timed batch at or above `batch` is in the query's graph (the batches
+    above the next smaller captured size, up to the smallest one that holds `batch`), the smallest timed batch of
+    that graph, or `batch` itself where that is smaller (a query between two timed batches of its graph is
+    interpolated between them); `batch` where no timed batch at or above it shares its graph, or past the largest
+    captured size."""
+    if not sizes or batch > sizes[-1]:
+        return batch
+    graph = next(n for n in sizes if n >= batch)
+    below = max((n for n in sizes if n < batch), default=0)
+    same = sorted(b for b in timed if below < b <= graph)
+    if not same or same[-1] < batch:
+        return batch
+    return max(batch, same[0])
+
+
+def graph_readings(by_point, batch, length, graphs):
+    """backend -> (the batch it is read at, its time there) for each backend of `graphs` (backend -> vLLM's
+    captured batch sizes) that `graph_reading_batch` reads at another batch than the query's: interpolated in log
+    space among the points it was timed at."""
+    out = {}
+    for backend, sizes in sorted(graphs.items()):
+        at = {p: dict(r[5])[backend] for p, r in by_point.items() if backend in dict(r[5])}
+        read = graph_reading_batch(batch, sizes, {p[0] for p in at})
+        if at and read != batch:
+            weights = {p: w for p, w in interpolation_weights(at, read, length).items() if w > 0}
+            out[backend] = (read, log_mean(weights, at))
+    return out
+
+
 def _within(order, band):
     """How many of `order` ((backend, ms), ... fastest first) are within `band` of the fastest."""
     return sum(1 for _, ms in order if ms / order[0][1] <= band) if order else 0
 
 
-def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True):
+def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graphs=None):
     """The Placement of a hinted query among a cell's timed rows, or None without a usable hint. `band`: the
     measurement noise within which two timings tie; `spread`: the interpolation error within which two backends
     placed between timed points cannot be told apart; `by_kind`: among the timed lengths of the query's kind
     (`series`; False: every timed length); `tiles`: a backend whose time is flat over the query's tile read off
-    it (`tile_readings`; False: interpolated like the others). The last two as benchmarks/placement_rules.py
-    compares rules."""
+    it (`tile_readings`; False: interpolated like the others); `graphs`: backend -> vLLM's captured batch sizes,
+    for the backends whose decode split follows them (read in the query's graph: `graph_readings`; None: none).
+    The last three as benchmarks/placement_rules.py compares rules."""
     point = hinted_point(op, hints)
     if not rows or point is None:
         return None
@@ -238,6 +282,8 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True):
         est[b] = log_mean(at, {p: timed[p][b] for p in at})
     tiled = tile_readings(every, batch, length, spread) if tiles else {}
     est.update(tiled)
+    graphed = graph_readings(by_point, batch, length, graphs) if graphs and op in GRAPH_OPS else {}
+    est.update({b: ms for b, (_, ms) in graphed.items()})
     order = tuple(sorted(((b, round(ms, 5)) for b, ms in est.items()), key=lambda x: (x[1], x[0])))
     return Placement(heads, batch, length, tuple(sorted(weights)), False, order, _within(order, band),
-                     _within(order, spread), tuple(tiled))
+                     _within(order, spread), tuple(tiled), tuple((b, at) for b, (at, _) in graphed.items()))

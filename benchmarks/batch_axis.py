@@ -143,7 +143,7 @@ def call_ratios(rows: list[dict], base: list[dict]) -> dict[str, dict[str, dict]
     """backend -> {"captured", "padded"} -> the ratio of its time in the scan `rows` to its time in the scan `base`
     at the same (layer, context, batch), split by whether vLLM runs that batch as it is (one of its captured batch
     sizes) or padded to the next (kernels/vllm_fa.py `graph_batch`): what padding the step costs each backend."""
-    from attnmatrix.kernels.vllm_fa import capture_sizes
+    from attnmatrix.matrix.vllm_graphs import capture_sizes
 
     captured = set(capture_sizes())
 

@@ -18,6 +18,10 @@ Rules:
 - `any_length`: `interpolate` from every timed length around the query, whether a multiple of 64 or not.
 - `no_tiles`: `interpolate` without reading a backend whose time is flat over the query's 128-token tile off that
   tile (`selector_workloads.tile_readings`).
+- `no_graphs`: `interpolate` without reading a backend whose decode split follows vLLM's captured batch (backends.json
+  `splits_see_graph_batch`) in the query's CUDA graph (`selector_workloads.graph_readings`).
+- `graphs_all_vllm`: `interpolate` with every vLLM FlashAttention build read in the query's CUDA graph, vLLM's FA3
+  build too (whose schedule is planned from the step's own lengths: kernels/vllm_fa.py).
 
 The grid alone cannot judge `no_tiles`: a hidden point's tile loses the very length the tile reading needs. The
 shape scans can (`--scans`, benchmarks/results/*scan-*.jsonl): every scanned point off the grid is placed from the
@@ -34,10 +38,14 @@ import sys
 from pathlib import Path
 
 from attnmatrix.matrix import workloads as W
+from attnmatrix.matrix.vllm_graphs import capture_sizes, declared_graph_batches
 
 from attnmatrix.selector_workloads import LENGTH_HINT, place, series
 
-RULES = ("interpolate", "least_worst_ratio", "any_length", "no_tiles")
+RULES = ("interpolate", "least_worst_ratio", "any_length", "no_tiles", "no_graphs", "graphs_all_vllm")
+# The backends read in the query's CUDA graph: as declared (backends.json), and by `graphs_all_vllm`.
+GRAPHS = declared_graph_batches()
+ALL_VLLM_GRAPHS = {b: tuple(capture_sizes()) for b in ("vllm_fa2", "vllm_fa3", "vllm_fa4")}
 
 
 def interior(points: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -58,10 +66,17 @@ def without(rows: list[tuple], batch: int, length: int) -> list[tuple]:
     return [r for r in rows if r[2] != batch and r[3] != length]
 
 
-def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float, spread: float) -> dict:
-    """Each rule's order at (batch, length), placed from `rows`: its first choice first."""
+def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float, spread: float,
+                graphs: dict | None = None) -> dict:
+    """Each rule's order at (batch, length), placed from `rows`: its first choice first. `graphs`: the backends
+    read in the query's CUDA graph (default: as declared, `GRAPHS`)."""
     hints = {"batch_size": batch, LENGTH_HINT[op]: length}
-    p = place(rows, op, hints, band, spread)
+    graphs = GRAPHS if graphs is None else graphs
+
+    def order_of(**kw) -> list[str]:
+        return [b for b, _ in place(rows, op, hints, band, spread, **{"graphs": graphs, **kw}).order]
+
+    p = place(rows, op, hints, band, spread, graphs=graphs)
     timed = {(r[2], r[3]): dict(r[5]) for r in rows}
     around = [q for q in p.points if q in timed]
     est = dict(p.order)
@@ -73,8 +88,10 @@ def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float
     guess = sorted(order[:p.uncertain], key=lambda b: (worst(b), est[b]))
     return {"interpolate": order,
             "least_worst_ratio": guess + order[p.uncertain:],
-            "any_length": [b for b, _ in place(rows, op, hints, band, spread, by_kind=False).order],
-            "no_tiles": [b for b, _ in place(rows, op, hints, band, spread, tiles=False).order]}
+            "any_length": order_of(by_kind=False),
+            "no_tiles": order_of(tiles=False),
+            "no_graphs": order_of(graphs=None),
+            "graphs_all_vllm": order_of(graphs=ALL_VLLM_GRAPHS)}
 
 
 def summary(regrets: dict[str, list[float]]) -> dict:

@@ -25,7 +25,7 @@ shards first, and the timing process loads the compiled kernels from the cache.
 vLLM's FlashAttention builds (vllm_fa2/3/4) are timed through vLLM's call, the others through their own API
 (benchmarks/workload_timing.py); each line says which call ran (`entry`, `profile`). After the grid grows or new
 held-out shapes are drawn, `--new-points-only` times only the points the committed files do not hold, into a file
-of their own.
+of their own; `--points` names the points to time where the committed files are not at hand.
 
 `report` ranks the backends per (layer, op, dtype, bucket), then asks the generated selector (whose data are the
 committed sweep files) at every held-out point with the layer's heads and the point as workload hints, and reports
@@ -106,8 +106,10 @@ def sweep(args: argparse.Namespace) -> int:
         if other:  # a timed row is read with its check row, by backend, layer and op: one dtype per file
             raise SystemExit(f"-o {out}: holds {', '.join(other)} timings; a {args.dtype} sweep needs its own file")
         done = {(r["layer"], r["op"]) for r in before if r["set"] == "done" and set(r["backends"]) == set(names)
-                and r.get("sets", SETS) == sets and r.get("new_points_only", False) == args.new_points_only}
+                and r.get("sets", SETS) == sets and r.get("new_points_only", False) == args.new_points_only
+                and r.get("points") == (args.points or None)}
     known = committed_points(args.dtype) if args.new_points_only else set()
+    only = parse_points(args.points) if args.points else None
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -125,7 +127,8 @@ def sweep(args: argparse.Namespace) -> int:
             if (layer.name, op) in done:
                 continue
             points = tuple((kind, tuple(p for p in (W.BUCKETS if kind == "bucket" else W.HELD_OUT)[op]
-                                        if (layer.name, op, kind, *p) not in known)) for kind in sets)
+                                        if (layer.name, op, kind, *p) not in known and (only is None or p in only)))
+                           for kind in sets)
             if not any(at for _, at in points):
                 continue
             status = time_workload(backends, layer, op, same_layers, arch, device, device_name, emit, args, points)
@@ -134,9 +137,21 @@ def sweep(args: argparse.Namespace) -> int:
                 return status
             emit({"set": "done", "layer": layer.name, "op": op, "backends": names,
                   **({"sets": sets} if sets != SETS else {}),
-                  **({"new_points_only": True} if args.new_points_only else {})})
+                  **({"new_points_only": True} if args.new_points_only else {}),
+                  **({"points": args.points} if args.points else {})})
     print(json.dumps({"output": str(out), "seconds": round(time.monotonic() - t0, 1), "workloads": len(work)}))
     return 0
+
+
+def parse_points(text: str) -> set[tuple[int, int]]:
+    """`--points` ("BATCHxLENGTH,...") as a set of (batch, length)."""
+    out = set()
+    for item in text.split(","):
+        b, sep, n = item.strip().partition("x")
+        if not (sep and b.isdigit() and n.isdigit() and int(b) > 0 and int(n) > 0):
+            raise SystemExit(f"--points {text}: {item!r} is not BATCHxLENGTH (e.g. 20x22349)")
+        out.add((int(b), int(n)))
+    return out
 
 
 def committed_points(dtype: str) -> set[tuple]:
@@ -200,7 +215,9 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
             fastest = min(here.values())
             q = {"layer": layer, "op": op, "dtype": dtype, "shape": bucket_label(op, batch, length),
                  "bucket": bucket_label(op, bb, bl), "fastest": min(here, key=here.get), "timed": len(here),
-                 "fresh": (batch, length) in W.FRESH.get(op, ())}
+                 "fresh": (batch, length) in W.FRESH.get(op, ()),
+                 "draw": next((d for d, shapes in W.FRESH_DRAWS.items() if (batch, length) in shapes.get(op, ())),
+                              None)}
             if order is not None:
                 pick = next((b for b in order(layer, op, batch, length, dtype=dtype) if b in here), None)
                 plain = next((b for b in order(layer, op, dtype=dtype) if b in here), None)
@@ -232,6 +249,7 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
     guess = [q["regret"] for q in queries if q.get("regret") and len(q.get("uncertain") or ()) > 1]
     # the shapes drawn at random after the last change to the grid and the placement rules (workloads.FRESH)
     fresh = [q["regret"] for q in queries if q.get("regret") and q["fresh"]]
+    draws = {d: [q["regret"] for q in queries if q.get("regret") and q.get("draw") == d] for d in W.FRESH_DRAWS}
     return {
         "noise": {**spread,
                   "what": "slower/faster of the medians of the even and of the odd rounds of one backend at one "
@@ -249,7 +267,9 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
                    "sure": {"queries": len(sure), "geomean": _r(geomean(sure)), "max": max(sure, default=None)},
                    "guess": {"queries": len(guess), "geomean": _r(geomean(guess)), "max": max(guess, default=None)},
                    "fresh": {"queries": len(fresh), "geomean": _r(geomean(fresh)), "max": max(fresh, default=None),
-                             "over_1.10": sum(1 for x in fresh if x > 1.10)}},
+                             "over_1.10": sum(1 for x in fresh if x > 1.10)},
+                   "fresh_draws": {d: {"queries": len(xs), "geomean": _r(geomean(xs)), "max": max(xs, default=None),
+                                       "over_1.10": sum(1 for x in xs if x > 1.10)} for d, xs in draws.items() if xs}},
         "regret_without_hints": {"queries": len(plain), "geomean": _r(geomean(plain)), "max": max(plain, default=None)},
         "nearby_winners_best": {"queries": len(bound), "geomean": _r(geomean(bound)), "max": max(bound, default=None),
                        "over_1.10": sum(1 for x in bound if x > 1.10),
@@ -352,6 +372,9 @@ def report(args: argparse.Namespace) -> int:
         f = g["fresh"]
         print(f"  on the fresh shapes alone ({f['queries']} queries, workloads.FRESH): geomean {f['geomean']}, max "
               f"{f['max']}, {f['over_1.10']} over 1.10")
+        for d, x in g["fresh_draws"].items():
+            print(f"    drawn {d} ({x['queries']} queries): geomean {x['geomean']}, max {x['max']}, "
+                  f"{x['over_1.10']} over 1.10")
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
           f"max {s['regret_without_hints']['max']}")
     b = s["nearby_winners_best"]
@@ -387,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--new-points-only", action="store_true",
                    help="time only the points no committed workload file (matrix/data/workloads) holds in this "
                         "dtype: the points a denser grid or new held-out shapes add, into a file of their own")
+    s.add_argument("--points", metavar="BxL,...", help="time only these (batch, length) points of the grid and the "
+                   "held-out shapes (e.g. a new draw of fresh shapes: 20x22349,22x5304), on a machine without the "
+                   "committed workload files that --new-points-only reads")
     s.add_argument("--warm-only", action="store_true",
                    help="check and call every backend at every point without timing: fills FA4's kernel cache "
                         "(FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1) from parallel shards before one process times")

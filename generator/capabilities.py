@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from attnmatrix.matrix.backends import DEFAULT_RANK_MISSING, default_rank, engine_names
 from attnmatrix.matrix.policy import ResolvedCell, ResolvedMatrix
 from attnmatrix.matrix.records import Record
+from attnmatrix.matrix.vllm_graphs import graph_batches
 
 from attnmatrix.selector_engine import measured_latencies
 from attnmatrix.selector_vllm import VllmEngine
@@ -178,6 +179,8 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
         "workloads": timed,
         "workload_band": band,
         "workload_interpolation_band": spread,
+        # backend -> vLLM's captured decode batch sizes, for the backends whose decode split follows them
+        "graph_batches": graph_batches({b: m.backends[b] for b in public}),
     }
 
 

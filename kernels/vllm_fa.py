@@ -36,10 +36,11 @@ alike) and its FLASH_ATTN MLA prefill backend both call it, so a probe calls it 
   empty ones (no query token, no cached token, the null block in the block table), and FA3's schedule is planned
   for them all (`graph_batch`, `pad_to_graph`; vllm-project/vllm@v0.26.0 vllm/v1/worker/gpu_model_runner.py:
   `pad_attn` :4263 and the padded metadata :2285-2317 and :2337-2343, the zeroed lengths :2172; the sizes
-  vllm/config/vllm.py:1748-1749 and :1808-1836). vLLM's FA4 call (kernels/vllm_fa4.py) is padded alike. It
-  matters where a kernel's heuristic sees the padded batch: on the H200 at the batches vLLM pads, FA4 took 1.6%
-  longer on average and up to 1.5x, FA3 (whose planned schedule sees the step's own lengths) 0.1%
-  (benchmarks/results/README.md, the decode batch scan in vLLM's padded call).
+  vllm/config/vllm.py:1748-1749 and :1808-1836, `matrix/vllm_graphs.py`). vLLM's FA4 call (kernels/vllm_fa4.py) is
+  padded alike. It matters where a kernel's heuristic sees the padded batch: on the H200 at the batches vLLM pads,
+  FA4 took 1.6% longer on average and up to 1.5x, FA3 (whose planned schedule sees the step's own lengths) 0.1%
+  (benchmarks/results/README.md, the decode batch scan in vLLM's padded call); the selector reads FA4's decode
+  time in the query's graph (backends.json `splits_see_graph_batch`).
 
 The extensions are not on PyPI on their own: `scripts/vllm-fa-site.py` takes them from the vLLM wheel
 of the release named there, with that wheel's `METADATA`, so the records' kernel version is the vLLM
@@ -52,6 +53,7 @@ from collections.abc import Callable
 
 import torch
 from attnmatrix.matrix.cases import Case
+from attnmatrix.matrix.vllm_graphs import GRAPH_TOKENS, capture_sizes
 
 from .base import Backend
 from .problem import Problem
@@ -62,16 +64,8 @@ ENTRY = f"{PACKAGE}.flash_attn_varlen_func"
 # availability asks for the version's own extension, not just the package.
 EXTENSIONS = {2: f"{PACKAGE}._vllm_fa2_C", 3: f"{PACKAGE}._vllm_fa3_C"}
 SINK_DTYPE = torch.bfloat16  # the fork's FA3 takes s_aux only as bf16
-# vLLM's FA3 step (see the module's docstring): the split bound of a step replayed from a full CUDA graph, and
-# the most tokens a captured step holds with vLLM's default max_num_seqs (256).
+# vLLM's FA3 step (see the module's docstring): the split bound of a step replayed from a full CUDA graph.
 SPLIT_BOUND = 32
-GRAPH_TOKENS = 512
-
-
-def capture_sizes(largest: int = GRAPH_TOKENS) -> list[int]:
-    """vLLM's default CUDA-graph batch sizes up to `largest` (see the module's docstring)."""
-    return ([n for n in (1, 2, 4) if n <= largest] + list(range(8, min(largest + 1, 256), 8))
-            + list(range(256, largest + 1, 16)))
 
 
 def graph_batch(p: Problem, paged: bool | None = None) -> int:

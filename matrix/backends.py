@@ -32,6 +32,8 @@ PLUGINS_ENV = "ATTNMATRIX_BACKEND_PLUGINS"
 DEVICES = ("cuda", "cpu")
 # The identity fields a product backend declares (the rest of an entry is metadata for the generator).
 REQUIRED_FIELDS = ("label", "library", "device", "imports", "module")
+# The kernel's decode split follows the number of sequences it is launched with (matrix/vllm_graphs.py).
+GRAPH_SPLITS_FIELD = "splits_see_graph_batch"
 
 
 class RegistryError(ValueError):
@@ -152,6 +154,9 @@ def read(path: Path) -> tuple[dict[str, dict], list[tuple[str, str]]]:
             problems.append((f"backends.{name}.{DEFAULT_RANK_FIELD}", problem))
         if "module" in meta:
             problems += identity_problems(name, meta)
+        flag = meta.get(GRAPH_SPLITS_FIELD)
+        if flag is not None and not isinstance(flag, bool):
+            problems.append((f"backends.{name}.{GRAPH_SPLITS_FIELD}", f"expected true or false, got {flag!r}"))
     return entries, problems
 
 

@@ -169,6 +169,15 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     assert {r["op"] for r in W.load_rows([decode]) if r["set"] != "done"} == {"decode"}
     with pytest.raises(SystemExit, match="unknown op"):
         R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(decode), "--presets", str(presets), "--ops", "decoding"])
+    # --points: the named points alone (a new draw of fresh shapes, without the committed files at hand)
+    named = tmp_path / "named.jsonl"
+    assert R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(named), "--presets", str(presets), "--ops", "decode",
+                   "--points", "4x128,3x100", "--rounds", "2"]) == 0
+    assert {(r["set"], r["batch"], r["length"]) for r in W.load_rows([named]) if r["set"] in ("bucket", "held_out")} \
+        == {("bucket", 4, 128), ("held_out", 3, 100)}
+    assert all(r["points"] == "4x128,3x100" for r in W.load_rows([named]) if r["set"] == "done")
+    with pytest.raises(SystemExit, match="'4:128' is not BATCHxLENGTH"):
+        R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(named), "--presets", str(presets), "--points", "4:128"])
 
 
 def test_new_points_only_times_what_the_committed_files_do_not_hold(tmp_path, monkeypatch):
@@ -478,3 +487,53 @@ def test_a_backend_re_timed_in_another_call_ranks_by_its_latest_call_alone():
     assert [(r["backend"], r["set"], r.get("batch")) for r in kept] == [
         ("x", "check", None), ("y", "bucket", 1), ("x", "check", None), ("x", "bucket", 1)]
     assert W.latest_calls(old) == old
+
+
+def test_a_backend_whose_split_follows_vllms_graph_is_read_in_the_querys_graph():
+    from attnmatrix.matrix.vllm_graphs import capture_sizes
+
+    from attnmatrix.selector_workloads import graph_reading_batch, place
+
+    sizes = tuple(capture_sizes())
+    timed = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32}
+    # batch 5 runs in the graph of 8, with 6 and 8 timed: read at 6 (never at 4, the graph of 4 below)
+    assert graph_reading_batch(5, sizes, timed) == 6
+    assert graph_reading_batch(7, sizes, timed) == 7  # between 6 and 8, both in its graph: interpolated
+    assert graph_reading_batch(10, sizes, timed) == 12 and graph_reading_batch(14, sizes, timed) == 14
+    assert graph_reading_batch(20, sizes, timed) == 24
+    assert graph_reading_batch(20, sizes, {16, 32}) == 20  # no timed batch of its graph (17..24): as it is
+    assert graph_reading_batch(10, sizes, {8, 9, 16}) == 10  # 9 is of its graph, below it: 9 and 16 bracket it
+    assert graph_reading_batch(600, sizes, {512, 768}) == 600  # past the largest captured size: not padded
+    # `step` steps with the captured batch (the same time over 5..8), `grow` grows with the batch; at batch 5,
+    # interpolated between 4 and 6, step looks faster than grow; read in its graph, it is not
+    rows = tuple((8, 1, b, n, 1, tuple(sorted((("step", s), ("grow", g)), key=lambda t: t[1])))
+                 for b, s, g in ((4, 1.0, 1.2), (6, 2.0, 1.8), (8, 2.0, 2.4)) for n in (1024, 2048))
+    hints = {"batch_size": 5, "context_len": 1500}
+    assert place(rows, "decode", hints).order[0][0] == "step"
+    placed = place(rows, "decode", hints, graphs={"step": sizes})
+    assert placed.order[0][0] == "grow" and dict(placed.order)["step"] == pytest.approx(2.0)
+    assert placed.graphed == (("step", 6),)
+    assert placed.basis().endswith("; step read at batch 6, timed in the CUDA graph vLLM runs batch 5 in")
+    assert place(rows, "prefill", {"batch_size": 5, "seq_len": 1500}, graphs={"step": sizes}).graphed == ()
+    assert place(rows, "decode", {"batch_size": 6, "context_len": 1024}, graphs={"step": sizes}).exact
+
+
+def test_the_graph_batches_are_declared_in_the_backend_registry():
+    from attnmatrix.matrix.vllm_graphs import capture_sizes, declared_graph_batches, graph_batches
+
+    from attnmatrix import selector
+
+    assert declared_graph_batches() == {"vllm_fa4": tuple(capture_sizes())}
+    assert selector.DATA["graph_batches"] == declared_graph_batches()
+    assert graph_batches({"x": {"splits_see_graph_batch": False}, "y": {}}) == {}
+    assert capture_sizes()[:5] == [1, 2, 4, 8, 16] and capture_sizes()[-2:] == [496, 512]
+    assert capture_sizes(24) == [1, 2, 4, 8, 16, 24]
+
+
+def test_a_graph_batch_flag_that_is_not_a_boolean_is_named(tmp_path):
+    from attnmatrix.matrix import backends as B
+
+    f = tmp_path / "backends.json"
+    f.write_text(json.dumps({"backends": {"x": {"splits_see_graph_batch": "yes"}}}), encoding="utf-8")
+    _, problems = B.read(f)
+    assert problems == [("backends.x.splits_see_graph_batch", "expected true or false, got 'yes'")]
