@@ -9,8 +9,12 @@ verdicts it touches. Long raw reasons and full sources stay in the matrix (`attn
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TypeVar
 
 from attnmatrix.matrix.backends import DEFAULT_RANK_MISSING, default_rank, engine_names
 from attnmatrix.matrix.policy import ResolvedCell, ResolvedMatrix
@@ -47,13 +51,17 @@ def evidence_id(rec: Record | None) -> str:
         what = "xcompile" if rec.tier == "compiled" else rec.tier
         eid = ":".join(str(x) for x in (what, p.get("target") or rec.case.arch, p.get("library", "kernel"),
                                         rec.kernel_version or "?", p.get("date", "?")))
-    return "".join(ch if ch.isprintable() and not ch.isspace() else "_" for ch in str(eid)) or "none"
+    eid = str(eid)
+    if eid.isprintable() and " " not in eid:  # the common case, kept whole: " " is the one printable space
+        return eid or "none"
+    return "".join(ch if ch.isprintable() and not ch.isspace() else "_" for ch in eid) or "none"
 
 
 def short_reason(reason: str | None) -> str:
     """The first line of a reason, cut to SHORT_REASON_CHARS."""
     line = next((x.strip() for x in (reason or "").splitlines() if x.strip()), "")
-    line = "".join(ch if ch.isprintable() else " " for ch in line)
+    if not line.isprintable():
+        line = "".join(ch if ch.isprintable() else " " for ch in line)
     return line if len(line) <= SHORT_REASON_CHARS else line[:SHORT_REASON_CHARS - 3].rstrip() + "..."
 
 
@@ -189,26 +197,48 @@ def workloads(archs) -> tuple[dict, float, float]:
     timings tie, the interpolation band within which two backends placed between timed points cannot be told
     apart) for selector_workloads.place, from the committed workload timings (matrix/data/workloads,
     matrix/workloads.py bucket_orders and interpolation_error)."""
-    from attnmatrix.matrix.workloads import bucket_orders, interpolation_error, load_rows, selector_rows
+    from attnmatrix.matrix import workloads as W
 
-    noise, orders = bucket_orders(load_rows())
+    files = tuple((str(f), hashlib.sha256(f.read_bytes()).hexdigest()) for f in sorted(W.WORKLOADS_DIR.glob("*.jsonl")))
+    per_cell, band, spread = _workload_tables(files)
     out: dict = {}
-    for (arch, *cell), rows in selector_rows(orders).items():
+    for (arch, *cell), rows in per_cell.items():
         if arch in archs:
             out.setdefault(arch, {})[tuple(cell)] = rows
-    return ({a: {k: tuple(v) for k, v in sorted(rows.items())} for a, rows in sorted(out.items())},
-            noise["p90"] or 1.0, interpolation_error(orders)["p90"] or 1.0)
+    return {a: dict(sorted(rows.items())) for a, rows in sorted(out.items())}, band, spread
 
 
-_LAST: list = []  # [(matrix, cells dict, cell count, include_cpu), engine]: one matrix is queried many times
+@functools.lru_cache(maxsize=2)
+def _workload_tables(files: tuple[tuple[str, str], ...]) -> tuple[dict, float, float]:
+    """`workloads` for every arch, from the workload files (path, digest of its bytes): every generation builds
+    the engine's data twice (the selector's, the docs' with `cpu`), and reading the timings is most of it, so
+    they are read once per content. The rows are tuples: callers share them."""
+    from attnmatrix.matrix.workloads import bucket_orders, interpolation_error, load_rows, selector_rows
+
+    noise, orders = bucket_orders(load_rows([Path(f) for f, _ in files]))
+    per_cell = {key: tuple(rows) for key, rows in selector_rows(orders).items()}
+    return per_cell, noise["p90"] or 1.0, interpolation_error(orders)["p90"] or 1.0
+
+
+_T = TypeVar("_T")
+# what -> (matrix identity, value): the pages ask one matrix the same things many times
+_LAST: dict[str, tuple[tuple, object]] = {}
+
+
+def per_matrix(m: ResolvedMatrix, what: str, build: Callable[[], _T]) -> _T:
+    """build(), or the value it gave for `what` on the same matrix object, while its cells and backends are the
+    same objects and its cell count unchanged (a matrix is not edited while files are generated from it)."""
+    ident = (m, m.cells, m.backends, len(m.cells))
+    hit = _LAST.get(what)
+    if hit is not None and all(a is b for a, b in zip(hit[0][:3], ident[:3], strict=True)) and hit[0][3] == ident[3]:
+        return hit[1]  # type: ignore[return-value]
+    value = build()
+    _LAST[what] = (ident, value)
+    return value
 
 
 def engine_for(m: ResolvedMatrix, *, include_cpu: bool = True) -> VllmEngine:
     """The engine over `m`, with vLLM's questions (built once per matrix object and reused while its cells are
     unchanged)."""
-    ident = (m, m.cells, len(m.cells), include_cpu)
-    if _LAST and _LAST[0][0] is m and _LAST[0][1] is m.cells and _LAST[0][2:] == ident[2:]:
-        return _LAST[1]
-    eng = VllmEngine(engine_data(m, include_cpu=include_cpu))
-    _LAST[:] = [ident, eng]
-    return eng
+    return per_matrix(m, f"engine include_cpu={include_cpu}",
+                      lambda: VllmEngine(engine_data(m, include_cpu=include_cpu)))

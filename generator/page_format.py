@@ -7,6 +7,7 @@ grid row and legend line it touches, not every id after it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Iterable, Sequence
@@ -61,7 +62,8 @@ def feature_token_key(token: str) -> tuple:
     return (idx, name, int(arg) if arg.isdigit() else -1, arg)
 
 
-def feature_set_key(features: Sequence[str]) -> tuple:
+@functools.lru_cache(maxsize=4096)  # a page sorts every cell by its feature set: a few hundred distinct sets
+def feature_set_key(features: tuple[str, ...]) -> tuple:
     """Natural order of feature sets: fewer features first, then token by token (feature_token_key)."""
     return (len(features), tuple(feature_token_key(t) for t in sorted(features, key=feature_token_key)))
 

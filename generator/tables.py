@@ -19,7 +19,7 @@ from attnmatrix.matrix.policy import SUPPORTED, ResolvedCell, ResolvedMatrix
 from attnmatrix.selector_engine import Engine
 from attnmatrix.vocabulary import TIERS, UNKNOWN, UNSUPPORTED, features_of
 
-from .capabilities import FA_COMMON_HEAD_SIZES, engine_for, is_test_only, selector_archs
+from .capabilities import FA_COMMON_HEAD_SIZES, engine_for, is_test_only, per_matrix, selector_archs
 
 # Marks are plain ASCII letters, so they render in any font (emoji marks show as empty boxes in a browser
 # without an emoji font); site/javascripts/marks.js turns them into coloured badges with a title.
@@ -38,7 +38,9 @@ MLA_MODELS = {(128, 64, 128): "DeepSeek-V3/R1", (192, 64, 256): "GLM-5"}
 
 def public_cells(m: ResolvedMatrix) -> list[ResolvedCell]:
     """Every cell except those of test-only backends, in case order."""
-    return sorted((c for c in m.cells.values() if not is_test_only(m, c.case.backend)), key=lambda c: c.case)
+    # A case's order is its cell key's; sorted once per matrix, every page walks them.
+    return list(per_matrix(m, "public cells", lambda: tuple(sorted(
+        (c for c in m.cells.values() if not is_test_only(m, c.case.backend)), key=lambda c: c.case.cell))))
 
 
 def feature_string(features: Iterable[str]) -> str:

@@ -8,6 +8,7 @@ returns every problem it finds, and `validate_evidence` (matrix/validate.py) run
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from attnmatrix.vocabulary import MASK_FEATURES, OPS, QUALIFIERS, arch_family
 
@@ -17,6 +18,9 @@ from .evidence import Evidence
 from .machine_paths import machine_paths
 from .records import POSITIVE_OUTCOMES
 from .storage import Problem, split_where
+
+if TYPE_CHECKING:
+    from .policy import ResolvedMatrix
 
 # A citation of vLLM itself: its repository (not vllm-project/flash-attention, its kernel fork) or its wheel.
 VLLM_SOURCE_RE = re.compile(r"^(vllm-project/vllm(?![-\w])|pypi:vllm(==|\())")
@@ -95,14 +99,15 @@ def _mask(features) -> frozenset:
     return frozenset(t for t in features if feature_name(t) in MASK_FEATURES)
 
 
-def check_refusal_covers_kernel(ev: Evidence) -> list[Problem]:
+def check_refusal_covers_kernel(ev: Evidence, m: ResolvedMatrix | None = None) -> list[Problem]:
     """A declared refusal that overrules a kernel's own evidence (compiled or shipped) at a feature set speaks of
     that kernel, so it overrules every cell the kernel answers with those features and more, on the same mask:
     a fact refusing `causal` at a head size while `causal+gqa` stays supported from the very kernel it overrules
-    gives contradicting answers. Widen the fact's scope, or narrow it to what the source refuses."""
+    gives contradicting answers. Widen the fact's scope, or narrow it to what the source refuses. `m`: `ev`
+    resolved, where the caller has it."""
     from .policy import SUPPORTED, UNSUPPORTED, resolve  # policy imports evidence; imported here, when run
 
-    m = resolve(ev)
+    m = m if m is not None else resolve(ev)
     fact_file = {r.provenance.get("declared_id"): w.split("#", 1)[0] for r, w in zip(ev.records, ev.where, strict=True)
                  if r.tier == "declared"}
     blocks: dict[tuple, list] = {}
@@ -135,12 +140,13 @@ def check_refusal_covers_kernel(ev: Evidence) -> list[Problem]:
 API_REFUSAL = "attnmatrix: the API cannot express this case:"  # kernels/probe.py, for an adapter's Unsupported
 
 
-def check_api_refusal_covers_feature(ev: Evidence) -> list[Problem]:
+def check_api_refusal_covers_feature(ev: Evidence, m: ResolvedMatrix | None = None) -> list[Problem]:
     """An entry point that cannot express a feature (the adapter's "the API cannot express this case", recorded for
     one kernel version on one arch) cannot express it on any cell: the features every cell refused with that reason
     shares (the mask and MLA qualifiers aside) may not resolve supported elsewhere for that backend, version and
     arch. Evidence from an older run of the same version (FA4's fp8 MLA prefill cells, compiled before the public
-    function's missing descales were refused) would otherwise keep cells the same call refuses everywhere else."""
+    function's missing descales were refused) would otherwise keep cells the same call refuses everywhere else.
+    `m`: `ev` resolved, where the caller has it."""
     from .policy import SUPPORTED, resolve
 
     refusals: dict[tuple, list] = {}
@@ -155,7 +161,7 @@ def check_api_refusal_covers_feature(ev: Evidence) -> list[Problem]:
         return []
     where_of = {id(r): w for r, w in zip(ev.records, ev.where, strict=True)}
     by_block: dict[tuple, list] = {}
-    for cell in resolve(ev).cells.values():
+    for cell in (m if m is not None else resolve(ev)).cells.values():
         if cell.status == SUPPORTED:
             by_block.setdefault((cell.case.arch, cell.case.backend), []).append(cell)
     problems = []
@@ -244,11 +250,16 @@ def check_mla_mask(ev: Evidence) -> list[Problem]:
 
 CHECKS = (check_cited_backend, check_page_table, check_no_machine_paths, check_refusal_covers_kernel,
           check_api_refusal_covers_feature, check_output_dtype, check_mla_mask)
+# The checks that read the evidence resolved: audit resolves it once for them (a resolution is seconds).
+RESOLVED_CHECKS = (check_refusal_covers_kernel, check_api_refusal_covers_feature)
 
 
 def audit(ev: Evidence) -> list[Problem]:
     """Every problem every check finds."""
+    from .policy import resolve
+
+    m = resolve(ev)
     out: list[Problem] = []
     for check in CHECKS:
-        out += check(ev)
+        out += check(ev, m) if check in RESOLVED_CHECKS else check(ev)
     return out

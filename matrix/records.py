@@ -155,8 +155,24 @@ def _is_number(v: Any) -> bool:
         return False
 
 
+def _all_finite(d: Any) -> bool:
+    stack = [d]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return False
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return True
+
+
 def _non_finite(d: Any) -> list[str]:
     """Paths of NaN/Infinity values: Python's json reads them, but they are not JSON and cannot be written."""
+    if _all_finite(d):  # every record is walked: name paths only in the rare one that needs them
+        return []
     out, stack = [], [("", d)]
     while stack:
         path, v = stack.pop()

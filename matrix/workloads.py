@@ -227,8 +227,11 @@ def interpolation_error(orders: dict) -> dict:
             per_backend.setdefault((*key[:8], backend), {})[(key[8], key[9])] = ms
     ratios = []
     for times in per_backend.values():
+        at_length: dict[int, list[tuple[int, int]]] = {}  # the points of each length, not rescanned per point
+        for p in times:
+            at_length.setdefault(p[1], []).append(p)
         for (b, n), ms in times.items():
-            batch_line = {p for p in times if p[1] == n and p[0] != b}
+            batch_line = {p for p in at_length[n] if p[0] != b}
             length_line = {p for p in series(times, n, b) if p[0] == b and p[1] != n}
             for line in (batch_line, length_line):
                 weights = interpolation_weights(line, b, n)

@@ -85,7 +85,8 @@ def check(root, reprobe, sample, seed, workers, timeout, max_diff_lines, fmt) ->
                                    skipped="the matrix is invalid: nothing generated from it"))
     else:
         t0 = time.monotonic()
-        files = render(ev, proj)
+        mid = project_mod.matrix_id(ev, proj.data_dir)
+        files = render(ev, proj, mid=mid)
         per_file = (time.monotonic() - t0) / max(1, len(files))
         stale = []
         for p, text in sorted(files.items()):
@@ -105,15 +106,15 @@ def check(root, reprobe, sample, seed, workers, timeout, max_diff_lines, fmt) ->
             line_no = _first_difference(current or "", text)
             what = "missing" if current is None else f"stale from line {line_no}"
             outcome.failures.append(ci.Failure(
-                f"{p} is {what}: it differs from a fresh generation of matrix "
-                f"{project_mod.matrix_id(ev, proj.data_dir)}; run `attnmatrix generate` and commit the result",
+                f"{p} is {what}: it differs from a fresh generation of matrix {mid}; run `attnmatrix generate` "
+                "and commit the result",
                 file=ci.relative(path), line=None if current is None else line_no, detail="\n".join(shown)))
         if stale:
             click.echo(f"{len(stale)} generated file(s) are stale: {', '.join(stale)}; run `attnmatrix generate`",
                        err=True)
             failed = True
         else:
-            say(f"ok: {len(files)} generated files match matrix {project_mod.matrix_id(ev, proj.data_dir)}")
+            say(f"ok: {len(files)} generated files match matrix {mid}")
     if reprobe and not failed:
         claims = _reprobe(ev, sample=sample, seed=seed, workers=workers, timeout=timeout, say=say)
         outcomes += claims

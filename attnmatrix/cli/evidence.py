@@ -174,10 +174,10 @@ def generate(root, extra) -> None:
         report(problems)
         click.echo("not generated: the matrix is invalid", err=True)
         sys.exit(exit_code_for(problems))
-    files = render(ev, proj)
+    mid = project_mod.matrix_id(ev, proj.data_dir)
+    files = render(ev, proj, mid=mid)
     changed = [p for p, text in sorted(files.items()) if atomic_write_text(proj.root / p, text)]
-    click.echo(f"generated {len(files)} file(s) from matrix {project_mod.matrix_id(ev, proj.data_dir)}; "
-               f"{len(changed)} changed")
+    click.echo(f"generated {len(files)} file(s) from matrix {mid}; {len(changed)} changed")
     for p in changed:
         click.echo(f"  wrote {p}")
 

@@ -7,6 +7,7 @@ atomically as stable text. Nothing here executes vLLM code.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterable
@@ -126,22 +127,20 @@ class Answers:
                                   params.get("has_sliding_window", False), params.get("block_size"),
                                   params.get("kv_cache_dtype", "auto")))
 
-    @property
+    # The indexes are built on first use and kept: the comparison pages look up thousands of questions.
+    @functools.cached_property
     def _backend(self) -> dict:
-        return self.__dict__.setdefault("_backend_index", {
-            (r["capability"], r["head_size"], r["dtype"], r["has_sink"], r["has_sliding_window"], r["block_size"],
-             r["kv_cache_dtype"]): r for r in self.doc.get("attention_backend", [])})
+        return {(r["capability"], r["head_size"], r["dtype"], r["has_sink"], r["has_sliding_window"], r["block_size"],
+                 r["kv_cache_dtype"]): r for r in self.doc.get("attention_backend", [])}
 
-    @property
+    @functools.cached_property
     def _fa(self) -> dict:
-        return self.__dict__.setdefault("_fa_index", {
-            (r["capability"], r["head_size"], r["head_size_v"], r["requires_alibi"], r["has_sinks"],
-             r["requires_softcap"], r["kv_cache_block_size"]): r for r in self.doc["flash_attn_version"]})
+        return {(r["capability"], r["head_size"], r["head_size_v"], r["requires_alibi"], r["has_sinks"],
+                 r["requires_softcap"], r["kv_cache_block_size"]): r for r in self.doc["flash_attn_version"]}
 
-    @property
+    @functools.cached_property
     def _mla(self) -> dict:
-        return self.__dict__.setdefault("_mla_index", {
-            (r["capability"], tuple(r["dims"]), r["dtype"]): r for r in self.doc["mla_prefill"]})
+        return {(r["capability"], tuple(r["dims"]), r["dtype"]): r for r in self.doc["mla_prefill"]}
 
 
 REQUIRED = {"schema", "vllm", "executed_files", "flash_attn_version", "mla_prefill"}
