@@ -233,15 +233,19 @@ def graph_reading_batch(batch, sizes, timed):
 
 def graph_readings(by_point, batch, length, graphs):
     """backend -> (the batch it is read at, its time there) for each backend of `graphs` (backend -> vLLM's
-    captured batch sizes) that `graph_reading_batch` reads at another batch than the query's: interpolated in log
-    space among the points it was timed at."""
+    captured batch sizes) that `graph_reading_batch` reads at another batch than the query's (then a timed batch):
+    interpolated in log space between its timed lengths at that batch on either side of `length`. A backend whose
+    timed lengths at that batch do not bracket `length` (past the grid's token cap) is not read so: the nearest
+    points would be at other batches, some below the query."""
     out = {}
     for backend, sizes in sorted(graphs.items()):
         at = {p: dict(r[5])[backend] for p, r in by_point.items() if backend in dict(r[5])}
         read = graph_reading_batch(batch, sizes, {p[0] for p in at})
-        if at and read != batch:
-            weights = {p: w for p, w in interpolation_weights(at, read, length).items() if w > 0}
-            out[backend] = (read, log_mean(weights, at))
+        line = {p: ms for p, ms in at.items() if p[0] == read}
+        if read == batch or not line or not min(p[1] for p in line) <= length <= max(p[1] for p in line):
+            continue
+        weights = {p: w for p, w in interpolation_weights(line, read, length).items() if w > 0}
+        out[backend] = (read, log_mean(weights, line))
     return out
 
 
@@ -280,9 +284,11 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graph
     for b in sorted(set().union(*timed.values())):
         at = {p: weights[p] for p in weights if b in timed[p]}  # a backend not timed at a point: from the others
         est[b] = log_mean(at, {p: timed[p][b] for p in at})
-    tiled = tile_readings(every, batch, length, spread) if tiles else {}
-    est.update(tiled)
     graphed = graph_readings(by_point, batch, length, graphs) if graphs and op in GRAPH_OPS else {}
+    # a backend read in its graph is not also read off its tile (decode's timed lengths are all multiples of 64)
+    tiled = {b: ms for b, ms in (tile_readings(every, batch, length, spread) if tiles else {}).items()
+             if b not in graphed}
+    est.update(tiled)
     est.update({b: ms for b, (_, ms) in graphed.items()})
     order = tuple(sorted(((b, round(ms, 5)) for b, ms in est.items()), key=lambda x: (x[1], x[0])))
     return Placement(heads, batch, length, tuple(sorted(weights)), False, order, _within(order, band),

@@ -67,11 +67,10 @@ def without(rows: list[tuple], batch: int, length: int) -> list[tuple]:
 
 
 def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float, spread: float,
-                graphs: dict | None = None) -> dict:
+                graphs: dict[str, tuple[int, ...]] = GRAPHS) -> dict[str, list[str]]:
     """Each rule's order at (batch, length), placed from `rows`: its first choice first. `graphs`: the backends
-    read in the query's CUDA graph (default: as declared, `GRAPHS`)."""
+    read in the query's CUDA graph (as declared by default; {}: none)."""
     hints = {"batch_size": batch, LENGTH_HINT[op]: length}
-    graphs = GRAPHS if graphs is None else graphs
 
     def order_of(**kw) -> list[str]:
         return [b for b, _ in place(rows, op, hints, band, spread, **{"graphs": graphs, **kw}).order]
@@ -90,7 +89,7 @@ def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float
             "least_worst_ratio": guess + order[p.uncertain:],
             "any_length": order_of(by_kind=False),
             "no_tiles": order_of(tiles=False),
-            "no_graphs": order_of(graphs=None),
+            "no_graphs": order_of(graphs={}),
             "graphs_all_vllm": order_of(graphs=ALL_VLLM_GRAPHS)}
 
 

@@ -74,6 +74,13 @@ def sweep(args: argparse.Namespace) -> int:
     names = args.backends.split(",")
     from attnmatrix.kernels.base import load_device_backends
 
+    ops = set(args.ops.split(",")) if args.ops else None
+    if ops and ops - set(W.BUCKETS):
+        raise SystemExit(f"--ops {args.ops}: unknown op(s) {', '.join(sorted(ops - set(W.BUCKETS)))} "
+                         f"(known: {', '.join(W.BUCKETS)})")
+    sets = ["held_out"] if args.held_out_only else SETS
+    only = parse_points(args.points, ops or set(W.BUCKETS), sets) if args.points is not None else None
+    points_key = ",".join(f"{b}x{n}" for b, n in sorted(only)) if only else None  # the `done` rows' form
     backends, device, arch, device_name = load_device_backends(args.backends)
     layers = W.load_presets(presets_path(args.presets))
     # Layers the kernel cannot tell apart (same heads, head dims, features, window, and called alike: vLLM plans
@@ -81,10 +88,6 @@ def sweep(args: argparse.Namespace) -> int:
     # (`layers`).
     same: dict[tuple, list[str]] = {}
     work = []
-    ops = set(args.ops.split(",")) if args.ops else None
-    if ops and ops - set(W.BUCKETS):
-        raise SystemExit(f"--ops {args.ops}: unknown op(s) {', '.join(sorted(ops - set(W.BUCKETS)))} "
-                         f"(known: {', '.join(W.BUCKETS)})")
     for ly in layers:
         for op in ly.ops():
             if ops and op not in ops:
@@ -97,7 +100,6 @@ def sweep(args: argparse.Namespace) -> int:
             same[sig].append(ly.name)
     i, n = (int(x) for x in args.shard.split("/"))
     work = work[i::n]
-    sets = ["held_out"] if args.held_out_only else SETS
     out = Path(args.output) if args.output else None
     done = set()
     if out is not None and out.exists():  # a killed sweep resumes: finished workloads are not timed again
@@ -107,9 +109,8 @@ def sweep(args: argparse.Namespace) -> int:
             raise SystemExit(f"-o {out}: holds {', '.join(other)} timings; a {args.dtype} sweep needs its own file")
         done = {(r["layer"], r["op"]) for r in before if r["set"] == "done" and set(r["backends"]) == set(names)
                 and r.get("sets", SETS) == sets and r.get("new_points_only", False) == args.new_points_only
-                and r.get("points") == (args.points or None)}
+                and r.get("points") == points_key}
     known = committed_points(args.dtype) if args.new_points_only else set()
-    only = parse_points(args.points) if args.points else None
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -138,19 +139,25 @@ def sweep(args: argparse.Namespace) -> int:
             emit({"set": "done", "layer": layer.name, "op": op, "backends": names,
                   **({"sets": sets} if sets != SETS else {}),
                   **({"new_points_only": True} if args.new_points_only else {}),
-                  **({"points": args.points} if args.points else {})})
+                  **({"points": points_key} if points_key else {})})
     print(json.dumps({"output": str(out), "seconds": round(time.monotonic() - t0, 1), "workloads": len(work)}))
     return 0
 
 
-def parse_points(text: str) -> set[tuple[int, int]]:
-    """`--points` ("BATCHxLENGTH,...") as a set of (batch, length)."""
+def parse_points(text: str, ops: set[str], sets: list[str]) -> set[tuple[int, int]]:
+    """`--points` ("BATCHxLENGTH,...") as a set of (batch, length), each one a point of `sets` (bucket, held_out)
+    of one of `ops`: a point the sweep would not time is refused, not skipped."""
     out = set()
     for item in text.split(","):
         b, sep, n = item.strip().partition("x")
         if not (sep and b.isdigit() and n.isdigit() and int(b) > 0 and int(n) > 0):
             raise SystemExit(f"--points {text}: {item!r} is not BATCHxLENGTH (e.g. 20x22349)")
         out.add((int(b), int(n)))
+    timed = {p for op in ops for kind in sets for p in (W.BUCKETS if kind == "bucket" else W.HELD_OUT)[op]}
+    if out - timed:
+        raise SystemExit(f"--points {text}: {', '.join(f'{b}x{n}' for b, n in sorted(out - timed))} is no "
+                         f"{' or '.join(sets)} point of {', '.join(sorted(ops))} (matrix/workloads.py BUCKETS, "
+                         f"HELD_OUT)")
     return out
 
 
@@ -215,9 +222,9 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
             fastest = min(here.values())
             q = {"layer": layer, "op": op, "dtype": dtype, "shape": bucket_label(op, batch, length),
                  "bucket": bucket_label(op, bb, bl), "fastest": min(here, key=here.get), "timed": len(here),
-                 "fresh": (batch, length) in W.FRESH.get(op, ()),
                  "draw": next((d for d, shapes in W.FRESH_DRAWS.items() if (batch, length) in shapes.get(op, ())),
                               None)}
+            q["fresh"] = q["draw"] is not None
             if order is not None:
                 pick = next((b for b in order(layer, op, batch, length, dtype=dtype) if b in here), None)
                 plain = next((b for b in order(layer, op, dtype=dtype) if b in here), None)
@@ -247,7 +254,8 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
     # interpolation band of the first) or marked the order as a guess
     sure = [q["regret"] for q in queries if q.get("regret") and len(q.get("uncertain") or ()) == 1]
     guess = [q["regret"] for q in queries if q.get("regret") and len(q.get("uncertain") or ()) > 1]
-    # the shapes drawn at random after the last change to the grid and the placement rules (workloads.FRESH)
+    # the shapes drawn at random and fixed before they were timed (workloads.FRESH_DRAWS), each draw apart: a rule
+    # chosen after a draw was timed may have been chosen on it, so the latest draw is the one outside every rule
     fresh = [q["regret"] for q in queries if q.get("regret") and q["fresh"]]
     draws = {d: [q["regret"] for q in queries if q.get("regret") and q.get("draw") == d] for d in W.FRESH_DRAWS}
     return {
@@ -370,7 +378,8 @@ def report(args: argparse.Namespace) -> int:
               f"max {guess['max']}")
     if g["fresh"]["queries"]:
         f = g["fresh"]
-        print(f"  on the fresh shapes alone ({f['queries']} queries, workloads.FRESH): geomean {f['geomean']}, max "
+        print(f"  on the shapes drawn at random before they were timed ({f['queries']} queries, "
+              f"workloads.FRESH_DRAWS): geomean {f['geomean']}, max "
               f"{f['max']}, {f['over_1.10']} over 1.10")
         for d, x in g["fresh_draws"].items():
             print(f"    drawn {d} ({x['queries']} queries): geomean {x['geomean']}, max {x['max']}, "

@@ -226,11 +226,13 @@ _LAST: dict[str, tuple[tuple, object]] = {}
 
 
 def per_matrix(m: ResolvedMatrix, what: str, build: Callable[[], _T]) -> _T:
-    """build(), or the value it gave for `what` on the same matrix object, while its cells and backends are the
-    same objects and its cell count unchanged (a matrix is not edited while files are generated from it)."""
-    ident = (m, m.cells, m.backends, len(m.cells))
+    """build(), or the value it gave for `what` on the same matrix object, while its cells, backends and rankings
+    are the same objects and its cell count unchanged: a matrix is not edited in place while files are generated
+    from it (a command that changes one builds a new one). The references held keep the objects alive, so their
+    identity cannot be reused by another matrix."""
+    ident = (m, m.cells, m.backends, m.rankings, len(m.cells))
     hit = _LAST.get(what)
-    if hit is not None and all(a is b for a, b in zip(hit[0][:3], ident[:3], strict=True)) and hit[0][3] == ident[3]:
+    if hit is not None and all(a is b for a, b in zip(hit[0][:4], ident[:4], strict=True)) and hit[0][4] == ident[4]:
         return hit[1]  # type: ignore[return-value]
     value = build()
     _LAST[what] = (ident, value)

@@ -2,19 +2,20 @@
 
 In its default CUDA graph mode vLLM replays a decode step of at most its largest captured batch from the graph
 captured for the smallest captured batch size that holds it: 1, 2, 4, every 8th to 248, every 16th to the largest,
-min(2 x max_num_seqs, 512) with the default max_num_seqs of 256 (vllm-project/vllm@v0.26.0 vllm/config/vllm.py
-:1748-1749 and :1808-1836, vllm/config/compilation.py:692-704; the padded step vllm/v1/worker/gpu_model_runner.py
-`pad_attn` :4263). The kernel then runs the captured number of sequences, the step's and empty ones
-(kernels/vllm_fa.py `graph_batch`, `pad_to_graph`).
+min(2 x max_num_seqs, 512) with the default max_num_seqs of 256 (vllm-project/vllm@4ba787ec9 (v0.33.0)
+vllm/config/vllm.py:2453-2470 for the largest, :2576-2591 for the sizes; the same in v0.26.0 vllm/config/vllm.py
+:1748-1749 and :1808-1836; the padded step vllm/v1/worker/gpu_model_runner.py `pad_attn`, v0.26.0 :4263). v0.33.0
+raises the largest to 1024 on compute capability 10.x; the sizes here are sm_90's. The kernel then runs the
+captured number of sequences, the step's and empty ones (kernels/vllm_fa.py `graph_batch`, `pad_to_graph`).
 
 A kernel that picks its split of the KV cache from the number of sequences it is launched with sees the captured
 batch, not the step's, and its decode time steps where the captured size steps (backends.json
-`splits_see_graph_batch`: vLLM's FA4 copy, whose split heuristic counts the sequences of `cu_seqlens_q`, vLLM 0.33.0
-vllm/vllm_flash_attn/cute/interface.py:736 and :475-487; vLLM's FA3 build is launched with a schedule planned from
-the step's own lengths and does not: kernels/vllm_fa.py). The selector reads such a backend's decode time at a
-timed batch of the query's graph (selector_workloads.graph_reading_batch).
+`splits_see_graph_batch`: vLLM's FA4 copy, whose split heuristic counts the sequences of `cu_seqlens_q`,
+pypi:vllm==0.33.0 vllm/vllm_flash_attn/cute/interface.py:736 and :475-487; vLLM's FA3 build is launched with a
+schedule planned from the step's own lengths and does not: kernels/vllm_fa.py). The selector reads such a backend's
+decode time at a timed batch of the query's graph (selector_workloads.graph_reading_batch).
 
-Standard library only (and the backend registry's field name).
+Standard library only (and the backend registry, attnmatrix.matrix.backends).
 """
 
 from __future__ import annotations

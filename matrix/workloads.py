@@ -72,17 +72,17 @@ BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_pre
 # rule was chosen on: random.Random(20261202), per op (prefill, then decode) batch round(exp(U(0, ln B))) and
 # length round(exp(U(ln L0, ln L1))) over the grid's range (B 64 / 256; L0-L1 256-16384 / 512-32768), a draw
 # refused on a grid batch or length, at a multiple of 64, over the grid's token cap or at another held-out shape;
-# the first four kept, sorted. `report` scores them apart too. After reading vLLM's FA4 in the query's CUDA graph
-# (selector_workloads.graph_readings, a decode rule chosen on the shapes above), decode was drawn again the same way
-# with random.Random(20261203), and the cell around each draw checked to be in the grid: its first judge.
+# the first four kept, sorted. `report` scores each draw apart. A rule chosen after a draw was timed may have been
+# chosen on it: reading vLLM's FA4 in the query's CUDA graph (selector_workloads.graph_readings) was chosen on the
+# held-out shapes above, so decode was drawn again the same way with random.Random(20261203) (each draw's grid cell
+# checked to be in the grid), the one draw outside every rule.
 _PREFILL_FRESH = ((5, 4200), (9, 1507), (11, 449), (21, 444))
 _DECODE_FRESH = ((5, 3611), (14, 2183), (115, 1617), (188, 3033))
 _DECODE_FRESH_GRAPHS = ((20, 22349), (22, 5304), (46, 8689), (132, 617))
 # draw -> op -> shapes, oldest first; FRESH: every draw's shapes per op
 FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_FRESH, "decode": _DECODE_FRESH},
                "20261203": {"decode": _DECODE_FRESH_GRAPHS}}
-FRESH = {op: tuple(p for draw in FRESH_DRAWS.values() for p in draw.get(op, ())) for op in ("prefill", "mla_prefill",
-                                                                                              "decode")}
+FRESH = {op: tuple(p for draw in FRESH_DRAWS.values() for p in draw.get(op, ())) for op in BUCKETS}
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
     "prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH,

@@ -112,3 +112,17 @@ def test_a_scan_counts_each_backend_only_in_the_call_the_grid_ranks_it_by(tmp_pa
     assert [dict(t) for t in truth.values()] == [{"y": 2.0}]
     assert list(R.scan_truth(grid, [old, new]).values()) == [{"x": 3.0, "y": 2.5}]
     assert next(iter(truth))[3:] == (5, 2048)
+
+
+def test_no_graphs_interpolates_a_backend_the_selector_reads_in_its_cuda_graph():
+    R = _rules()
+    from attnmatrix.matrix.vllm_graphs import capture_sizes
+
+    # `step` is flat over the graph of 8 (5..8) and steps up from 4; `grow` grows with the batch: at batch 5 the
+    # graph reading sees step's step, interpolation between 4 and 6 does not
+    rows = [(8, 1, b, n, 1, tuple(sorted((("step", s), ("grow", g)), key=lambda t: t[1])))
+            for b, s, g in ((4, 1.0, 1.2), (6, 2.0, 1.8), (8, 2.0, 2.4)) for n in (1024, 2048)]
+    picks = R.rule_orders(rows, "decode", 5, 1500, 1.01, 1.01, graphs={"step": tuple(capture_sizes())})
+    assert picks["interpolate"][0] == "grow" and picks["no_graphs"][0] == "step"
+    assert R.rule_orders(rows, "decode", 5, 1500, 1.01, 1.01, graphs={})["interpolate"][0] == "step"
+    assert set(R.RULES) == set(picks)

@@ -28,6 +28,7 @@ def test_every_point_has_a_bucket_and_held_out_points_are_not_buckets():
     # between grid values on every axis but the batch of 1 and 2 (the grid's first values), and the four grid
     # points around it, among the lengths of its kind, are buckets (its placement interpolates between them)
     for op, points in W.HELD_OUT.items():
+        assert set(W.FRESH[op]) <= set(points)  # every draw of fresh shapes is held out
         for b, n in points:
             bb, bn = W.bucket_of(op, b, n)
             assert max(b / bb, bb / b) <= 1.5 and max(n / bn, bn / n) <= 1.5, (op, b, n)
@@ -129,9 +130,11 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     slow = [{**r, "backend": "slow", "ms": r["ms"] * 1.2} for r in rows
             if r["set"] == "held_out" and r["op"] == "decode"]
     slow += [{**r, "backend": "slow"} for r in rows if r["set"] == "check" and r["layer"] == "tiny:global"]
-    monkeypatch.setattr(W, "FRESH", {"decode": ((3, 100),)})
-    fresh = R.analyse(rows + slow, order=lambda *a, **k: ["slow", "sdpa_cpu"])["regret"]["fresh"]
+    monkeypatch.setattr(W, "FRESH_DRAWS", {"d1": {"decode": ((3, 100),)}})
+    scored = R.analyse(rows + slow, order=lambda *a, **k: ["slow", "sdpa_cpu"])["regret"]
+    fresh = scored["fresh"]
     assert fresh["queries"] == 1 and fresh["max"] == 1.2 and fresh["over_1.10"] == 1
+    assert scored["fresh_draws"] == {"d1": {"queries": 1, "geomean": 1.2, "max": 1.2, "over_1.10": 1}}
     assert result["regret"]["queries"] == 2 and result["regret"]["max"] == 1.0  # one backend: its own best
     assert result["rankings"]["tiny:global prefill b2_s128"]["order"][0][0] == "sdpa_cpu"
     assert result["nearby_winners_best"]["queries"] == 2 and result["nearby_winners_best"]["max"] == 1.0
@@ -175,9 +178,22 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
                    "--points", "4x128,3x100", "--rounds", "2"]) == 0
     assert {(r["set"], r["batch"], r["length"]) for r in W.load_rows([named]) if r["set"] in ("bucket", "held_out")} \
         == {("bucket", 4, 128), ("held_out", 3, 100)}
-    assert all(r["points"] == "4x128,3x100" for r in W.load_rows([named]) if r["set"] == "done")
+    assert all(r["points"] == "3x100,4x128" for r in W.load_rows([named]) if r["set"] == "done")
+    lines = len(named.read_text().splitlines())  # resumed with the points in another order: nothing timed again
+    assert R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(named), "--presets", str(presets), "--ops", "decode",
+                   "--points", "4x128, 3x100", "--rounds", "2"]) == 0
+    assert len(named.read_text().splitlines()) == lines
     with pytest.raises(SystemExit, match="'4:128' is not BATCHxLENGTH"):
         R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(named), "--presets", str(presets), "--points", "4:128"])
+    with pytest.raises(SystemExit, match="is not BATCHxLENGTH"):
+        R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(named), "--presets", str(presets), "--points", ""])
+    # a point the sweep would not time (not a bucket or held-out point of the op) is refused, not skipped
+    with pytest.raises(SystemExit, match="5x100 is no bucket or held_out point of decode"):
+        R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(named), "--presets", str(presets), "--ops", "decode",
+                "--points", "5x100"])
+    with pytest.raises(SystemExit, match="4x128 is no held_out point"):
+        R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(named), "--presets", str(presets), "--ops", "decode",
+                "--held-out-only", "--points", "4x128"])
 
 
 def test_new_points_only_times_what_the_committed_files_do_not_hold(tmp_path, monkeypatch):
@@ -516,6 +532,11 @@ def test_a_backend_whose_split_follows_vllms_graph_is_read_in_the_querys_graph()
     assert placed.basis().endswith("; step read at batch 6, timed in the CUDA graph vLLM runs batch 5 in")
     assert place(rows, "prefill", {"batch_size": 5, "seq_len": 1500}, graphs={"step": sizes}).graphed == ()
     assert place(rows, "decode", {"batch_size": 6, "context_len": 1024}, graphs={"step": sizes}).exact
+    # read only between its timed lengths at the batch it is read at: past them (the grid's token cap) the nearest
+    # points would be at other batches, some below the query, so it is interpolated as the others are
+    capped = tuple(r for r in rows if (r[2], r[3]) != (6, 2048))
+    past = place(capped, "decode", {"batch_size": 5, "context_len": 1500}, graphs={"step": sizes})
+    assert past.graphed == () and past.order[0][0] == "step"
 
 
 def test_the_graph_batches_are_declared_in_the_backend_registry():

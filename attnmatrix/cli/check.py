@@ -86,7 +86,7 @@ def check(root, reprobe, sample, seed, workers, timeout, max_diff_lines, fmt) ->
     else:
         t0 = time.monotonic()
         mid = project_mod.matrix_id(ev, proj.data_dir)
-        files = render(ev, proj, mid=mid)
+        files = render(ev, proj, matrix_id=mid)
         per_file = (time.monotonic() - t0) / max(1, len(files))
         stale = []
         for p, text in sorted(files.items()):

@@ -175,7 +175,7 @@ def generate(root, extra) -> None:
         click.echo("not generated: the matrix is invalid", err=True)
         sys.exit(exit_code_for(problems))
     mid = project_mod.matrix_id(ev, proj.data_dir)
-    files = render(ev, proj, mid=mid)
+    files = render(ev, proj, matrix_id=mid)
     changed = [p for p, text in sorted(files.items()) if atomic_write_text(proj.root / p, text)]
     click.echo(f"generated {len(files)} file(s) from matrix {mid}; {len(changed)} changed")
     for p in changed:
