@@ -155,34 +155,29 @@ def _is_number(v: Any) -> bool:
         return False
 
 
-def _all_finite(d: Any) -> bool:
-    stack = [d]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, float):
-            if not math.isfinite(v):
-                return False
-        elif isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return True
-
-
 def _non_finite(d: Any) -> list[str]:
-    """Paths of NaN/Infinity values: Python's json reads them, but they are not JSON and cannot be written."""
-    if _all_finite(d):  # every record is walked: name paths only in the rare one that needs them
-        return []
+    """Paths of NaN/Infinity values: Python's json reads them, but they are not JSON and cannot be written. Every
+    record is walked, so a path is named only for a container walked into or a value that is not finite."""
+    if isinstance(d, float):
+        return [] if math.isfinite(d) else ["(record)"]
     out, stack = [], [("", d)]
     while stack:
         path, v = stack.pop()
-        if isinstance(v, float) and not math.isfinite(v):
-            out.append(path or "(record)")
-        elif isinstance(v, dict):
-            stack.extend((f"{path}.{k}" if path else str(k), x) for k, x in v.items())
-        elif isinstance(v, list):
-            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
+        items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+        for k, x in items:
+            if isinstance(x, float):
+                if not math.isfinite(x):
+                    out.append(_child(path, k, v))
+            elif isinstance(x, (dict, list)):
+                stack.append((_child(path, k, v), x))
     return sorted(out)
+
+
+def _child(path: str, key: Any, parent: dict | list) -> str:
+    """The path of `parent[key]`: `a.b` under an object, `a[0]` in a list."""
+    if isinstance(parent, list):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else str(key)
 
 
 def parse_record(d: Any) -> Record:

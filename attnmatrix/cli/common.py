@@ -104,15 +104,15 @@ def load_for_reading(proj: project_mod.Project, extra: tuple) -> Evidence:
     return ev
 
 
-def render(ev: Evidence, proj: project_mod.Project, *, matrix_id: str | None = None) -> dict[str, str]:
-    """Every generated file (path relative to the checkout -> text) from `ev`; `matrix_id`: its id where the caller
-    has it (hashing every record takes a second)."""
+def render(ev: Evidence, proj: project_mod.Project, *, matrix_id: str) -> dict[str, str]:
+    """Every generated file (path relative to the checkout -> text) from `ev`, whose id (project.matrix_id: a hash of
+    every record, seconds) the caller has already computed for its own message."""
     from attnmatrix.engines import render_all
     from attnmatrix.matrix.history import load_snapshot
     from attnmatrix.matrix.policy import resolve
 
     m = resolve(ev)
-    meta = {"matrix_id": matrix_id or project_mod.matrix_id(ev, proj.data_dir),
+    meta = {"matrix_id": matrix_id,
             "kernel_versions": project_mod.kernel_versions(ev), "files": project_mod.relative_files(ev, proj),
             "source_digest": project_mod.source_digest([*ev.files, *project_mod.source_files(proj.data_dir)])}
     from attnmatrix.engines.vllm.module import profile_file
