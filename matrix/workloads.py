@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -68,29 +70,68 @@ BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_pre
 # one sequence to the largest batches. Fixed before the sweep that times them; the bucket points around each (the
 # cell's corners, `around`) are in the grid. A grid made denser takes held-out shapes inside its new cells, drawn
 # before it is timed: shapes of the older grid's cells sit near the new grid points, and would flatter it. FRESH
-# shapes, drawn at random and fixed before they were timed, judge the grid and the placement rules on shapes no
-# rule was chosen on: random.Random(20261202), per op (prefill, then decode) batch round(exp(U(0, ln B))) and
-# length round(exp(U(ln L0, ln L1))) over the grid's range (B 64 / 256; L0-L1 256-16384 / 512-32768), a draw
-# refused on a grid batch or length, at a multiple of 64, over the grid's token cap or at another held-out shape;
-# the first four kept, sorted. `report` scores each draw apart. A rule chosen after a draw was timed may have been
-# chosen on it: reading vLLM's FA4 in the query's CUDA graph (selector_workloads.graph_readings) was chosen on the
-# held-out shapes above, so decode was drawn again the same way with random.Random(20261203) (each draw's grid cell
-# checked to be in the grid), the one draw outside every rule.
+# shapes, drawn at random (`draw_shapes`) and fixed here before they were timed, judge the grid and the placement
+# rules on shapes no rule was chosen on; `report` scores each draw apart. A rule chosen after a draw was timed may
+# have been chosen on it: reading vLLM's FA4 in the query's CUDA graph (selector_workloads.graph_readings) was
+# chosen on the held-out shapes of the first draw and those before it, so decode was drawn again after it.
 _PREFILL_FRESH = ((5, 4200), (9, 1507), (11, 449), (21, 444))
 _DECODE_FRESH = ((5, 3611), (14, 2183), (115, 1617), (188, 3033))
 _DECODE_FRESH_GRAPHS = ((20, 22349), (22, 5304), (46, 8689), (132, 617))
-# draw -> op -> shapes, oldest first; FRESH: every draw's shapes per op
+# draw_shapes(20261202, {"prefill": 4, "decode": 4}); draw_shapes(20261203, {"decode": 4}); a third, larger, after
+# every placement rule of the selector was chosen: draw_shapes(2026120302, {"prefill": 8, "decode": 12}). Prefill's
+# shapes are also MLA prefill's.
+_PREFILL_FRESH_3 = ((5, 7669), (7, 2022), (7, 2417), (10, 2168), (19, 575), (22, 1682), (27, 944), (28, 1671))
+_DECODE_FRESH_3 = ((7, 13017), (10, 2629), (18, 5673), (25, 3924), (28, 4278), (56, 7504), (62, 14409),
+                   (67, 7477), (115, 7999), (151, 1377), (218, 561), (238, 3255))
+# draw (its seed) -> op -> shapes, oldest first; FRESH: every draw's shapes per op
 FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_FRESH, "decode": _DECODE_FRESH},
-               "20261203": {"decode": _DECODE_FRESH_GRAPHS}}
+               "20261203": {"decode": _DECODE_FRESH_GRAPHS},
+               "2026120302": {"prefill": _PREFILL_FRESH_3, "mla_prefill": _PREFILL_FRESH_3,
+                              "decode": _DECODE_FRESH_3}}
 FRESH = {op: tuple(p for draw in FRESH_DRAWS.values() for p in draw.get(op, ())) for op in BUCKETS}
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
-    "prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH,
-    "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH,
+    "prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
+    "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
     "decode": ((1, 880), (5, 10000), (7, 1770), (10, 5000), (20, 2500), (40, 1250), (80, 3550), (160, 620))
-    + _DECODE_FRESH + _DECODE_FRESH_GRAPHS,
+    + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3,
 }
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
+
+
+# draw_shapes' range per op: the largest batch, and the lengths; the grid's own token cap refuses the rest
+_DRAW_RANGE = {"prefill": (64, 256, 16384), "decode": (256, 512, 32768)}
+
+
+def draw_shapes(seed: int, counts: dict[str, int], taken: dict[str, tuple] | None = None) -> dict[str, tuple]:
+    """Held-out shapes drawn at random: per op of `counts`, in its order, from one random.Random(seed), batch
+    round(exp(U(0, ln B))) and length round(exp(U(ln L0, ln L1))) over the grid's range (`_DRAW_RANGE`), a draw
+    refused on a grid batch or length, at a multiple of 64, off the grid (a corner of its cell
+    not a bucket point: over the token cap) or at a shape of `taken` (default: the held-out shapes of the
+    earlier draws and the fixed ones) or drawn before; the first `counts[op]` kept, sorted."""
+    taken = HELD_OUT if taken is None else taken
+    rng = random.Random(seed)
+    out = {}
+    for op, count in counts.items():
+        top, low, high = _DRAW_RANGE[op]
+        batches, lengths = {p[0] for p in BUCKETS[op]}, {p[1] for p in BUCKETS[op]}
+        kept: list[tuple[int, int]] = []
+        while len(kept) < count:
+            b = round(math.exp(rng.uniform(0, math.log(top))))
+            n = round(math.exp(rng.uniform(math.log(low), math.log(high))))
+            refused = (b in batches or n in lengths or n % 64 == 0 or (b, n) in kept
+                       or (b, n) in taken.get(op, ()) or not set(around(op, b, n)) >= _cell(op, b, n))
+            if not refused:
+                kept.append((b, n))
+        out[op] = tuple(sorted(kept))
+    return out
+
+
+def _cell(op: str, batch: int, length: int) -> set[tuple[int, int]]:
+    """The four corners of the grid cell that holds (batch, length) among the points of its length's kind."""
+    points = series(BUCKETS[op], length, batch)
+    batches, lengths = bracket(batch, {p[0] for p in points}), bracket(length, {p[1] for p in points})
+    return set(itertools.product(batches, lengths)) if len(batches) == 2 and len(lengths) == 2 else {(0, 0)}
 
 
 def bucket_label(op: str, batch: int, length: int) -> str:

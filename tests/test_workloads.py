@@ -42,6 +42,22 @@ def test_every_point_has_a_bucket_and_held_out_points_are_not_buckets():
         W.bucket_of("encode", 1, 1)
 
 
+def test_each_fresh_draw_is_draw_shapes_of_its_seed_given_the_shapes_held_out_before_it():
+    fixed = {"prefill": W.HELD_OUT["prefill"][:8], "decode": W.HELD_OUT["decode"][:8]}
+    taken = {op: fixed[op.replace("mla_", "")] for op in W.BUCKETS}
+    for seed, shapes in W.FRESH_DRAWS.items():
+        counts = {op: len(v) for op, v in shapes.items() if op != "mla_prefill"}
+        assert W.draw_shapes(int(seed), counts, taken) == {op: shapes[op] for op in counts}, seed
+        assert shapes.get("mla_prefill", shapes.get("prefill")) == shapes.get("prefill")
+        taken = {op: taken[op] + shapes.get(op, ()) for op in taken}
+    assert W.HELD_OUT == taken  # the held-out shapes are the fixed ones and the draws, and nothing else
+    # a draw is never on a grid batch or length, at a multiple of 64, over the token cap or already held out
+    drawn = W.draw_shapes(7, {"decode": 30})["decode"]
+    assert len(set(drawn)) == 30 and not set(drawn) & set(W.HELD_OUT["decode"])
+    assert all(b * n <= 2**20 and n % 64 and b not in W.DECODE_BATCHES and n not in W.DECODE_LENGTHS
+               for b, n in drawn)
+
+
 def test_presets_are_the_models_files_layers_per_gpu_and_say_what_is_wrong(tmp_path):
     layers = {ly.name: ly for ly in W.load_presets()}
     g = layers["gemma-2-9b:local"]
