@@ -28,16 +28,18 @@ def case_for(layer: Layer, op: str, backend: str, arch: str, dtype: str = DTYPE)
                 head_dim_v=layer.head_dim_v, features=tuple(feats))
 
 
-def profile_of(backend: str, layer: Layer | None = None) -> str:
+def profile_of(backend: str, op: str, layer: Layer | None = None) -> str:
     """The call a backend's timed rows ran, as they record it (`profile`): vLLM's for its backends, a decode step
-    padded to the captured batch it replays, with FA3's split bound and planned schedule as vLLM's step sets them
-    for the layer's model (kernels/vllm_fa.py)."""
+    padded to the captured batch it replays (kernels/vllm_fa.py `graph_batch`: decode alone), with FA3's split
+    bound and planned schedule as vLLM's step sets them for the layer's model. One call, one text: a backend
+    re-timed in another profile ranks by that profile's timings alone (`workloads.latest_calls`)."""
     if backend not in VLLM_BACKENDS:
         return "library API, contiguous KV"
     from attnmatrix.kernels.vllm_fa import GRAPH_TOKENS, SPLIT_BOUND
 
-    call = (f"vllm: varlen q, block_table (block {VLLM_BLOCK}) + seqused_k; a decode step of up to {GRAPH_TOKENS} "
-            "sequences padded to vLLM's captured batch with empty ones")
+    call = f"vllm: varlen q, block_table (block {VLLM_BLOCK}) + seqused_k"
+    if op == "decode":
+        call += f"; a decode step of up to {GRAPH_TOKENS} sequences padded to vLLM's captured batch with empty ones"
     if backend == "vllm_fa3":
         plan = ("scheduler_metadata planned ahead" if layer is None or layer.one_window_size
                 else "no scheduler_metadata (the model's layers have several windows)")
@@ -116,7 +118,7 @@ def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str],
         case = case_for(layer, op, name, arch, getattr(args, "dtype", DTYPE))
         base = {"backend": name, "kernel_version": backend.version(), "layer": layer.name, "layers": same_layers,
                 "op": op, "case": case.key, "heads_q": layer.heads_q, "heads_kv": layer.heads_kv,
-                "profile": profile_of(name, layer), "device": device_name, "arch": arch}
+                "profile": profile_of(name, op, layer), "device": device_name, "arch": arch}
         why = backend.availability()
         if why:
             emit({**base, "set": "check", "outcome": "unavailable", "reason": why})

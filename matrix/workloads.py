@@ -205,6 +205,17 @@ def latest_calls(rows: list[dict]) -> list[dict]:
     the timings of its latest call alone, never by a mix of two. The committed files are read oldest first (their
     names start with the date, then a sequence number where one date has several: `load_rows`)."""
     latest = call_profiles(rows)
+    gridded: dict[tuple, set] = {}  # call -> the profiles its bucket points were timed in
+    for r in rows:
+        if r.get("set") == "bucket":
+            gridded.setdefault(call_of(r), set()).add(r.get("profile"))
+    for call, profiles in gridded.items():
+        if call in latest and latest[call] not in profiles:
+            # a call re-timed at its held-out shapes alone would lose its ranking without a word
+            raise PresetError(f"{call[0]} on {call[1]} ({call[2]}/{call[3]} heads): its latest call "
+                              f"({latest[call]!r}) timed no bucket point, the grid was timed in "
+                              f"{' and '.join(map(repr, sorted(profiles, key=str)))}; time the grid in the latest "
+                              f"call (benchmarks/regret.py sweep --backends {call[0]})")
     return [r for r in rows if r.get("set") not in TIMED_SETS or in_call(r, latest)]
 
 

@@ -76,11 +76,14 @@ def test_a_layer_knows_whether_its_model_has_one_window_size_and_the_vllm_fa3_pr
     assert not layers["gemma-2-9b:global"].one_window_size and not layers["gpt-oss-20b:sliding"].one_window_size
     assert layers["mistral-7b-v0.1:sliding"].one_window_size and layers["llama-3.1-8b:full"].one_window_size
     T = load_script("benchmarks/workload_timing.py")
-    assert T.profile_of("vllm_fa3", layers["llama-3.1-8b:full"]).endswith("scheduler_metadata planned ahead")
-    assert "no scheduler_metadata" in T.profile_of("vllm_fa3", layers["gemma-2-9b:global"])
-    assert T.profile_of("vllm_fa4", layers["gemma-2-9b:global"]).startswith("vllm: varlen q, block_table (block 16)")
-    assert "padded to vLLM's captured batch" in T.profile_of("vllm_fa4", layers["gemma-2-9b:global"])
-    assert T.profile_of("fa4") == "library API, contiguous KV"
+    assert T.profile_of("vllm_fa3", "decode", layers["llama-3.1-8b:full"]).endswith("scheduler_metadata planned ahead")
+    assert "no scheduler_metadata" in T.profile_of("vllm_fa3", "decode", layers["gemma-2-9b:global"])
+    fa4 = T.profile_of("vllm_fa4", "decode", layers["gemma-2-9b:global"])
+    assert fa4.startswith("vllm: varlen q, block_table (block 16)") and "padded to vLLM's captured batch" in fa4
+    # only a decode step is padded to a captured graph: prefill's call, and so its text, is the one it always was
+    assert T.profile_of("vllm_fa4", "prefill") == "vllm: varlen q, block_table (block 16) + seqused_k"
+    assert "padded" not in T.profile_of("vllm_fa3", "mla_prefill", layers["deepseek-v3:mla"])
+    assert T.profile_of("fa4", "decode") == "library API, contiguous KV"
 
 
 @pytest.mark.slow
@@ -519,6 +522,10 @@ def test_a_backend_re_timed_in_another_call_ranks_by_its_latest_call_alone():
     assert [(r["backend"], r["set"], r.get("batch")) for r in kept] == [
         ("x", "check", None), ("y", "bucket", 1), ("x", "check", None), ("x", "bucket", 1)]
     assert W.latest_calls(old) == old
+    # a later call that timed held-out shapes alone would leave x without a ranking: refused, naming the call
+    held_out = [{**call, "set": "check", "profile": "c"}, {**call, "set": "held_out", "profile": "c", "batch": 3}]
+    with pytest.raises(W.PresetError, match=r"x on sm_90/x/decode/bfloat16/64x64/none \(4/4 heads\).*'c'.*'a'"):
+        W.latest_calls(old + held_out)
 
 
 def test_a_backend_whose_split_follows_vllms_graph_is_read_in_the_querys_graph():

@@ -130,7 +130,13 @@ def render(ev: Evidence, proj: project_mod.Project, *, matrix_id: str) -> dict[s
         except InputError as e:
             fail_input(e.problems)
         meta["previous"] = {"matrix_id": prev_id, "matrix": prev, "source": "matrix/data/history/previous.jsonl"}
-    return render_all(m, meta)
+    from attnmatrix.matrix.workloads import PresetError
+
+    try:
+        return render_all(m, meta)
+    except PresetError as e:  # a model preset or workload timing file that cannot be read as it stands
+        click.echo(f"error: {e}", err=True)
+        sys.exit(EXIT_USAGE)
 
 
 # --- option values ---------------------------------------------------------------------------------------------
