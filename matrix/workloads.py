@@ -100,7 +100,8 @@ DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 
 
 # draw_shapes' range per op: the largest batch, and the lengths; the grid's own token cap refuses the rest
-_DRAW_RANGE = {"prefill": (64, 256, 16384), "decode": (256, 512, 32768)}
+_DRAW_RANGE = {"prefill": (64, 256, 16384), "mla_prefill": (64, 256, 16384), "decode": (256, 512, 32768)}
+_DRAW_TRIES = 100_000  # a count the grid cannot hold fails instead of drawing forever
 
 
 def draw_shapes(seed: int, counts: dict[str, int], taken: dict[str, tuple] | None = None) -> dict[str, tuple]:
@@ -116,22 +117,28 @@ def draw_shapes(seed: int, counts: dict[str, int], taken: dict[str, tuple] | Non
         top, low, high = _DRAW_RANGE[op]
         batches, lengths = {p[0] for p in BUCKETS[op]}, {p[1] for p in BUCKETS[op]}
         kept: list[tuple[int, int]] = []
-        while len(kept) < count:
+        for _ in range(_DRAW_TRIES):
+            if len(kept) == count:
+                break
             b = round(math.exp(rng.uniform(0, math.log(top))))
             n = round(math.exp(rng.uniform(math.log(low), math.log(high))))
-            refused = (b in batches or n in lengths or n % 64 == 0 or (b, n) in kept
-                       or (b, n) in taken.get(op, ()) or not set(around(op, b, n)) >= _cell(op, b, n))
-            if not refused:
+            if b in batches or n in lengths or n % 64 == 0 or (b, n) in kept or (b, n) in taken.get(op, ()):
+                continue
+            corners = _cell(op, b, n)
+            if corners is not None and corners <= set(around(op, b, n)):
                 kept.append((b, n))
+        if len(kept) < count:
+            raise ValueError(f"{op}: {len(kept)} of {count} shapes after {_DRAW_TRIES} draws (seed {seed})")
         out[op] = tuple(sorted(kept))
     return out
 
 
-def _cell(op: str, batch: int, length: int) -> set[tuple[int, int]]:
-    """The four corners of the grid cell that holds (batch, length) among the points of its length's kind."""
+def _cell(op: str, batch: int, length: int) -> set[tuple[int, int]] | None:
+    """The four corners of the grid cell that holds (batch, length) among the points of its length's kind; None on
+    a grid line or beyond the grid."""
     points = series(BUCKETS[op], length, batch)
     batches, lengths = bracket(batch, {p[0] for p in points}), bracket(length, {p[1] for p in points})
-    return set(itertools.product(batches, lengths)) if len(batches) == 2 and len(lengths) == 2 else {(0, 0)}
+    return set(itertools.product(batches, lengths)) if len(batches) == 2 and len(lengths) == 2 else None
 
 
 def bucket_label(op: str, batch: int, length: int) -> str:

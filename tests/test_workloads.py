@@ -42,7 +42,7 @@ def test_every_point_has_a_bucket_and_held_out_points_are_not_buckets():
         W.bucket_of("encode", 1, 1)
 
 
-def test_each_fresh_draw_is_draw_shapes_of_its_seed_given_the_shapes_held_out_before_it():
+def test_each_fresh_draw_is_draw_shapes_of_its_seed_given_the_shapes_held_out_before_it(monkeypatch):
     fixed = {"prefill": W.HELD_OUT["prefill"][:8], "decode": W.HELD_OUT["decode"][:8]}
     taken = {op: fixed[op.replace("mla_", "")] for op in W.BUCKETS}
     for seed, shapes in W.FRESH_DRAWS.items():
@@ -56,6 +56,9 @@ def test_each_fresh_draw_is_draw_shapes_of_its_seed_given_the_shapes_held_out_be
     assert len(set(drawn)) == 30 and not set(drawn) & set(W.HELD_OUT["decode"])
     assert all(b * n <= 2**20 and n % 64 and b not in W.DECODE_BATCHES and n not in W.DECODE_LENGTHS
                for b, n in drawn)
+    monkeypatch.setattr(W, "_DRAW_TRIES", 3)  # a count the draws cannot reach fails instead of drawing forever
+    with pytest.raises(ValueError, match=r"decode: \d of 4 shapes after 3 draws \(seed 7\)"):
+        W.draw_shapes(7, {"decode": 4})
 
 
 def test_presets_are_the_models_files_layers_per_gpu_and_say_what_is_wrong(tmp_path):
