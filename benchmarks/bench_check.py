@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from attnmatrix.matrix.storage import atomic_write_text
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -41,9 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"attnmatrix check: {', '.join(f'{t} s' for t in times)} (median {result['median_s']} s, "
           f"{result['cpus']} CPUs)")
     if args.output:
-        tmp = Path(args.output).with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(args.output)
+        atomic_write_text(args.output, json.dumps(result, indent=1, sort_keys=True) + "\n")
     return 0
 
 

@@ -25,6 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from attnmatrix.matrix import workloads as W
+from attnmatrix.matrix.storage import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCANS = ("scan-sm_90-h200-20261203-3-decode-batch-vllm-graph.jsonl",
@@ -86,19 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("scans", nargs="*", type=Path, help="batch scan files (default: the committed ones)")
     ap.add_argument("-o", "--output", type=Path, help="write the summary as JSON")
     args = ap.parse_args(argv)
-    # each file read with its own check rows; a point scanned twice counts its later reading
-    rows = [r for f in (args.scans or [RESULTS / s for s in SCANS]) for r in W.load_rows([f])]
-    out = analyse(W.latest_calls(rows))
+    # a point scanned twice counts its later reading (files in name order)
+    out = analyse(W.latest_calls(W.load_rows(args.scans or [RESULTS / s for s in SCANS])))
     for k, v in out["by_wave_change"].items():
         print(f"waves {int(k):+d}: {v['pairs']} pairs, {BACKEND} b+1 / b median {v['median']}")
     for line in out["lines"]:
-        if line["batches"] >= 12 and line["layer"] == "gemma-2-2b:global":
-            print(f"{line['layer']} kv{line['context']}: over 1.10x the fastest at {line['slow_batches']}; "
-                  f"more than one wave at {line['over_one_wave']}")
+        print(f"{line['layer']} kv{line['context']}: over 1.10x the fastest at {line['slow_batches']}; "
+              f"more than one wave at {line['over_one_wave']}")
     if args.output:
-        tmp = args.output.with_suffix(args.output.suffix + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(args.output)
+        atomic_write_text(args.output, json.dumps(out, indent=1, sort_keys=True) + "\n")
     return 0
 
 

@@ -124,21 +124,12 @@ def draw_shapes(seed: int, counts: dict[str, int], taken: dict[str, tuple] | Non
             n = round(math.exp(rng.uniform(math.log(low), math.log(high))))
             if b in batches or n in lengths or n % 64 == 0 or (b, n) in kept or (b, n) in taken.get(op, ()):
                 continue
-            corners = _cell(op, b, n)
-            if corners is not None and corners <= set(around(op, b, n)):
+            if len(around(op, b, n)) == 4:  # strictly inside a cell whose four corners the grid has
                 kept.append((b, n))
         if len(kept) < count:
             raise ValueError(f"{op}: {len(kept)} of {count} shapes after {_DRAW_TRIES} draws (seed {seed})")
         out[op] = tuple(sorted(kept))
     return out
-
-
-def _cell(op: str, batch: int, length: int) -> set[tuple[int, int]] | None:
-    """The four corners of the grid cell that holds (batch, length) among the points of its length's kind; None on
-    a grid line or beyond the grid."""
-    points = series(BUCKETS[op], length, batch)
-    batches, lengths = bracket(batch, {p[0] for p in points}), bracket(length, {p[1] for p in points})
-    return set(itertools.product(batches, lengths)) if len(batches) == 2 and len(lengths) == 2 else None
 
 
 def bucket_label(op: str, batch: int, length: int) -> str:
