@@ -34,6 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from attnmatrix.matrix import workloads as W
+from attnmatrix.matrix.storage import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GRIDS = {
@@ -205,9 +206,7 @@ def main(argv: list[str] | None = None) -> int:
              "noise": [round(noise.get((ly, n, b, p), 0), 4), round(noise.get((ly, n, b, f), 0), 4)]}
             for g, ly, n, b, p, f in worst]
     if args.output:
-        tmp = Path(args.output).with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(args.output)
+        atomic_write_text(Path(args.output), json.dumps(result, indent=1, sort_keys=True) + "\n")
     print(f"batch scans {', '.join(result['files'])}: {result['lines']} (layer, context) lines, {sms} SMs")
     for name, g in result["grids"].items():
         print(f"{name}: {len(g['batches'])} batches")

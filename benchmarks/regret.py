@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 
 from attnmatrix.matrix import workloads as W
+from attnmatrix.matrix.storage import atomic_write_text
 from attnmatrix.matrix.workloads import bucket_label, bucket_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -357,9 +358,7 @@ def report(args: argparse.Namespace) -> int:
                        for f in files]
     text = json.dumps(result, indent=1, sort_keys=True) + "\n"
     if args.output:
-        tmp = Path(args.output).with_suffix(".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, args.output)
+        atomic_write_text(Path(args.output), text)
     s = result
     n = s["noise"]
     print(f"measurement noise (even vs odd rounds): median {n['median']:.3f}, p90 {n['p90']:.3f}, max {n['max']:.3f} "

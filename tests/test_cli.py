@@ -342,3 +342,25 @@ def test_check_invalid_matrix_lists_every_problem(tmp_path: Path, make_record, w
     g = run("generate", "--root", root)
     assert g.exit_code == 2 and "not generated" in g.stderr
     assert _snapshot(root) == before
+
+
+@pytest.mark.slow
+def test_generate_refuses_a_workload_file_that_would_drop_a_ranking_and_writes_nothing(tmp_path: Path, generator,
+                                                                                      monkeypatch) -> None:
+    from attnmatrix.matrix import workloads as W
+
+    root = _tree(tmp_path)
+    before = _snapshot(root)
+    # the committed timings, then a later file that re-checks one of vllm_fa3's layer calls in another call and
+    # times it at a held-out shape alone: that call's grid would be dropped from the ranking without a word
+    timings = tmp_path / "workloads"
+    shutil.copytree(W.WORKLOADS_DIR, timings)
+    check = next(r for r in W.load_rows() if r["set"] == "check" and r["backend"] == "vllm_fa3")
+    later = [{**check, "profile": "another call"}, {**check, "set": "held_out", "profile": "another call",
+                                                     "batch": 5, "length": 3000, "ms": 0.1}]
+    (timings / "zz-later.jsonl").write_text("".join(json.dumps(r) + "\n" for r in later), encoding="utf-8")
+    monkeypatch.setattr(W, "WORKLOADS_DIR", timings)
+    r = run("generate", "--root", root)
+    assert r.exit_code == 2, r.output
+    assert "error: vllm_fa3 on " in r.output and "('another call') timed no bucket point" in r.output
+    assert _snapshot(root) == before
