@@ -30,6 +30,9 @@ from attnmatrix.matrix.storage import atomic_write_text
 RESULTS = Path(__file__).resolve().parent / "results"
 SCANS = ("scan-sm_90-h200-20261203-3-decode-batch-vllm-graph.jsonl",
          "scan-sm_90-h200-20261203-4-decode-gemma-2-2b-global-b1-16.jsonl")
+# The committed summary of those scans (`-o`): what one more wave costs vllm_fa3, as benchmarks/placement_rules.py
+# reads it.
+SUMMARY = RESULTS / "fa3-split-waves-sm_90-h200-20261203.json"
 SMS = 132  # the H200's
 FILL = 0.8  # blocks that fill this share of the SMs run unsplit
 EFFICIENCY = 0.85  # the fewest splits at least this share as full as the fullest

@@ -22,6 +22,10 @@ Rules:
   `splits_see_graph_batch`) in the query's CUDA graph (`selector_workloads.graph_readings`).
 - `graphs_all_vllm`: `interpolate` with every vLLM FlashAttention build read in the query's CUDA graph, vLLM's FA3
   build too (whose schedule is planned from the step's own lengths: kernels/vllm_fa.py).
+- `fa3_split_waves`: `interpolate`, with vllm_fa3 read slower at a decode query that FA3's own split rule
+  (benchmarks/fa3_split_waves.py `waves`) puts in more waves of thread blocks than every timed point around it: by
+  the time one more wave costs it, per wave more (the median ratio of its time one sequence up where the rule adds
+  a wave, read from the committed summary `fa3_split_waves.SUMMARY`).
 
 The grid alone cannot judge `no_tiles`: a hidden point's tile loses the very length the tile reading needs. The
 shape scans can (`--scans`, benchmarks/results/*scan-*.jsonl): every scanned point off the grid is placed from the
@@ -34,15 +38,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from attnmatrix.matrix import workloads as W
+from attnmatrix.matrix.storage import atomic_write_text
 from attnmatrix.matrix.vllm_graphs import capture_sizes, declared_graph_batches
 
 from attnmatrix.selector_workloads import LENGTH_HINT, place, series
 
-RULES = ("interpolate", "least_worst_ratio", "any_length", "no_tiles", "no_graphs", "graphs_all_vllm")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fa3_split_waves as fa3  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
+
+RULES = ("interpolate", "least_worst_ratio", "any_length", "no_tiles", "no_graphs", "graphs_all_vllm",
+         "fa3_split_waves")
 # The backends read in the query's CUDA graph: as declared (backends.json), and by `graphs_all_vllm`.
 GRAPHS = declared_graph_batches()
 ALL_VLLM_GRAPHS = {b: tuple(capture_sizes()) for b in ("vllm_fa2", "vllm_fa3", "vllm_fa4")}
@@ -66,10 +77,32 @@ def without(rows: list[tuple], batch: int, length: int) -> list[tuple]:
     return [r for r in rows if r[2] != batch and r[3] != length]
 
 
+def wave_step() -> float:
+    """vllm_fa3's time one sequence up where FA3's split rule adds a wave, over its time before (the committed
+    summary's median)."""
+    return json.loads(fa3.SUMMARY.read_text(encoding="utf-8"))["by_wave_change"]["1"]["median"]
+
+
+def layer_waves(rows: list[dict]) -> dict[tuple, Callable[[int, int], int]]:
+    """(cell, heads_q, heads_kv) -> (batch, context) -> the waves FA3's split rule runs a decode step of that
+    layer in, for every decode layer call the sweep rows name (its preset gives the head dim and the window)."""
+    presets = {ly.name: ly for ly in W.load_presets()}
+    out = {}
+    for r in rows:
+        ly = presets.get(r.get("layer"))
+        if r.get("op") == "decode" and ly is not None and "case" in r:
+            out[(W.cell_of(r["case"]), r["heads_q"], r["heads_kv"])] = (
+                lambda b, n, ly=ly: fa3.waves(b, ly.heads_kv, n, ly.head_dim, ly.window))
+    return out
+
+
 def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float, spread: float,
-                graphs: dict[str, tuple[int, ...]] = GRAPHS) -> dict[str, list[str]]:
+                graphs: dict[str, tuple[int, ...]] = GRAPHS, waves: Callable[[int, int], int] | None = None,
+                step: float = 1.0) -> dict[str, list[str]]:
     """Each rule's order at (batch, length), placed from `rows`: its first choice first. `graphs`: the backends
-    read in the query's CUDA graph (as declared by default; {}: none)."""
+    read in the query's CUDA graph (as declared by default; {}: none); `waves`: (batch, length) -> the waves FA3's
+    split rule runs the layer's decode step in, and `step` what one more wave costs vllm_fa3 (`fa3_split_waves`;
+    without `waves` that rule is `interpolate`)."""
     hints = {"batch_size": batch, LENGTH_HINT[op]: length}
 
     def order_of(**kw) -> list[str]:
@@ -85,12 +118,15 @@ def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float
 
     order = [b for b, _ in p.order]
     guess = sorted(order[:p.uncertain], key=lambda b: (worst(b), est[b]))
+    more = waves(batch, length) - max(waves(*q) for q in p.points) if waves and op == "decode" else 0
+    stepped = {**est, fa3.BACKEND: est[fa3.BACKEND] * step ** more} if more > 0 and fa3.BACKEND in est else est
     return {"interpolate": order,
             "least_worst_ratio": guess + order[p.uncertain:],
             "any_length": order_of(by_kind=False),
             "no_tiles": order_of(tiles=False),
             "no_graphs": order_of(graphs={}),
-            "graphs_all_vllm": order_of(graphs=ALL_VLLM_GRAPHS)}
+            "graphs_all_vllm": order_of(graphs=ALL_VLLM_GRAPHS),
+            "fa3_split_waves": sorted(stepped, key=lambda b: (stepped[b], b))}
 
 
 def summary(regrets: dict[str, list[float]]) -> dict:
@@ -135,13 +171,44 @@ def on_scans(rows: list[dict], scans: list[Path]) -> dict:
     """Per rule: the regret of its first choice at every scanned point off the grid, placed from the whole grid."""
     noise, orders = W.bucket_orders(rows)
     band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
-    cells = W.selector_rows(orders)
+    cells, waves, step = W.selector_rows(orders), layer_waves(rows), wave_step()
     regrets: dict[str, list[float]] = {r: [] for r in RULES}
     for (cell, hq, hkv, b, n), truth in sorted(scan_truth(rows, scans).items()):
         layer = [r for r in cells.get(cell, ()) if r[:2] == (hq, hkv)]
         if layer and (b, n) not in {(r[2], r[3]) for r in layer}:
-            score(regrets, rule_orders(layer, cell[1], b, n, band, spread), truth)
+            orders_here = rule_orders(layer, cell[1], b, n, band, spread, waves=waves.get((cell, hq, hkv)), step=step)
+            score(regrets, orders_here, truth)
     return summary(regrets)
+
+
+def wave_misreads(rows: list[dict], scans: list[Path]) -> dict:
+    """At the scanned decode points off the grid where FA3's split rule adds a wave over the most any timed point
+    around needs (where `fa3_split_waves` reads vllm_fa3 slower): each backend's scanned time over the selector's
+    reading of it, vllm_fa3's and the median of the others' at each point, and vllm_fa3's over the others': how
+    much of its step the other backends share (median, p10, p90 over the points)."""
+    noise, orders = W.bucket_orders(rows)
+    band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
+    cells, waves = W.selector_rows(orders), layer_waves(rows)
+    ratios: dict[str, list[float]] = {"vllm_fa3": [], "others": [], "vllm_fa3_over_others": []}
+    for (cell, hq, hkv, b, n), truth in sorted(scan_truth(rows, scans).items()):
+        layer = [r for r in cells.get(cell, ()) if r[:2] == (hq, hkv)]
+        w = waves.get((cell, hq, hkv))
+        if cell[1] != "decode" or not layer or w is None or (b, n) in {(r[2], r[3]) for r in layer}:
+            continue
+        p = place(layer, "decode", {"batch_size": b, "context_len": n}, band, spread, graphs=GRAPHS)
+        est = dict(p.order)
+        others = [truth[x] / est[x] for x in truth if x != fa3.BACKEND and x in est]
+        if w(b, n) > max(w(*q) for q in p.points) and fa3.BACKEND in truth and fa3.BACKEND in est and others:
+            ratios["vllm_fa3"].append(truth[fa3.BACKEND] / est[fa3.BACKEND])
+            ratios["others"].append(statistics.median(others))
+            ratios["vllm_fa3_over_others"].append(ratios["vllm_fa3"][-1] / ratios["others"][-1])
+
+    def spread_of(xs: list[float]) -> dict:
+        xs = sorted(xs)
+        return {"median": round(statistics.median(xs), 3), "p10": round(xs[len(xs) // 10], 3),
+                "p90": round(xs[len(xs) * 9 // 10], 3)} if xs else {}
+
+    return {"points": len(ratios["vllm_fa3"]), **{k: spread_of(v) for k, v in ratios.items()}}
 
 
 def compare(rows: list[dict]) -> dict:
@@ -149,12 +216,15 @@ def compare(rows: list[dict]) -> dict:
     noise, orders = W.bucket_orders(rows)
     band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
     regrets: dict[str, list[float]] = {r: [] for r in RULES}
+    waves, step = layer_waves(rows), wave_step()
     for key, cell in sorted(W.selector_rows(orders).items()):
         for heads in sorted({r[:2] for r in cell}):  # each timed layer of the cell on its own
             layer = [r for r in cell if r[:2] == heads]
             by_point = {(r[2], r[3]): r for r in layer}
             for b, n in interior(sorted(by_point)):
-                score(regrets, rule_orders(without(layer, b, n), key[1], b, n, band, spread), dict(by_point[(b, n)][5]))
+                here = rule_orders(without(layer, b, n), key[1], b, n, band, spread, waves=waves.get((key, *heads)),
+                                   step=step)
+                score(regrets, here, dict(by_point[(b, n)][5]))
     return {"bands": {"noise": band, "interpolation": spread}, "rules": summary(regrets)}
 
 
@@ -174,11 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.scans:
         scans += sorted((Path(__file__).parent / "results").glob("*scan-*.jsonl"), key=lambda f: f.name)
     if scans:
-        result["scans"] = {"files": [f.name for f in scans], "rules": on_scans(rows, scans)}
+        result["scans"] = {"files": [f.name for f in scans], "rules": on_scans(rows, scans),
+                           "fa3_added_wave": wave_misreads(rows, scans)}
     if args.output:
-        tmp = Path(args.output).with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(args.output)
+        atomic_write_text(Path(args.output), json.dumps(result, indent=1, sort_keys=True) + "\n")
     print(f"interior grid points hidden in turn with their grid lines, each placed from the cell around it (noise band "
           f"{result['bands']['noise']}, "
           f"interpolation band {result['bands']['interpolation']}):")
@@ -191,6 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         for rule, r in result["scans"]["rules"].items():
             print(f"  {rule:18} points {r['points']:5}  regret geomean {r['geomean']}  p99 {r['p99']}  max {r['max']}  "
                   f"over 1.10: {r['over_1.10']}")
+        w = result["scans"]["fa3_added_wave"]
+        if w["points"]:
+            print(f"where FA3's split rule adds a wave over every timed point around ({w['points']} scanned decode "
+                  f"points), scanned time / the selector's reading: vllm_fa3 median {w['vllm_fa3']['median']}, the "
+                  f"others' median {w['others']['median']}; vllm_fa3's over the others' median "
+                  f"{w['vllm_fa3_over_others']['median']} (p10 {w['vllm_fa3_over_others']['p10']}, "
+                  f"p90 {w['vllm_fa3_over_others']['p90']})")
     return 0
 
 

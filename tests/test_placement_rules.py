@@ -126,3 +126,55 @@ def test_no_graphs_interpolates_a_backend_the_selector_reads_in_its_cuda_graph()
     assert picks["interpolate"][0] == "grow" and picks["no_graphs"][0] == "step"
     assert R.rule_orders(rows, "decode", 5, 1500, 1.01, 1.01, graphs={})["interpolate"][0] == "step"
     assert set(R.RULES) == set(picks)
+
+
+def test_fa3_split_waves_reads_vllm_fa3_slower_where_its_split_rule_adds_a_wave():
+    R = _rules()
+    fa3 = R.fa3
+
+    # gemma-2-2b's global layer (4 KV heads, head dim 256) at 13017 tokens: FA3's rule runs 7 sequences in two waves,
+    # 6 and 8 in one; vllm_fa3 is 2% faster than fa2 at both timed batches
+    def waves(b, n):
+        return fa3.waves(b, 4, n, 256, None)
+
+    rows = [(8, 4, b, n, 1, (("vllm_fa3", 1.00 * b), ("fa2", 1.02 * b))) for b in (6, 8) for n in (12288, 16384)]
+    picks = R.rule_orders(rows, "decode", 7, 13017, 1.01, 1.01, waves=waves, step=1.3)
+    assert picks["interpolate"][0] == "vllm_fa3" and picks["fa3_split_waves"] == ["fa2", "vllm_fa3"]
+    # where the rule adds no wave (batch 6 against 4 and 8), or without the rule, the order is interpolation's
+    rows = [(8, 4, b, n, 1, (("vllm_fa3", 1.00 * b), ("fa2", 1.02 * b))) for b in (4, 8) for n in (12288, 16384)]
+    at_6 = R.rule_orders(rows, "decode", 6, 13017, 1.01, 1.01, waves=waves, step=1.3)
+    assert at_6["fa3_split_waves"][0] == "vllm_fa3"
+    assert R.rule_orders(rows, "decode", 7, 13017, 1.01, 1.01, step=1.3)["fa3_split_waves"][0] == "vllm_fa3"
+    assert R.wave_step() > 1.0  # read from the committed summary of the batch scans
+
+
+def test_the_scans_say_how_far_vllm_fa3_is_misread_where_its_split_rule_adds_a_wave(tmp_path, monkeypatch):
+    import json
+
+    R = _rules()
+
+    class Layer:  # gemma-2-2b's global layer: FA3's rule runs 7 sequences at 13017 tokens in two waves, 6 and 8 in one
+        name, heads_kv, head_dim, window = "m:l", 4, 256, None
+
+    monkeypatch.setattr(R.W, "load_presets", lambda: [Layer])
+    call = {"layer": "m:l", "op": "decode", "outcome": "pass", "arch": "sm_90", "heads_q": 8, "heads_kv": 4,
+            "case": "sm_90/x/decode/bfloat16/256x256/gqa"}
+    rows = [{**call, "backend": b, "set": "check"} for b in ("vllm_fa3", "fa2")]
+    rows += [{**call, "backend": b, "set": "bucket", "batch": batch, "length": n, "ms": ms * batch,
+              "rounds": [ms * batch] * 2}
+             for batch in (6, 8) for n in (12288, 16384) for b, ms in (("vllm_fa3", 1.0), ("fa2", 1.02))]
+    # scanned at 7 sequences: vllm_fa3 1.5x its reading, fa2 as read; at 6 (a grid batch, 13017 tokens) no wave added
+    checks = [{**call, "backend": b, "set": "check"} for b in ("vllm_fa3", "fa2")]
+    timed = [{**call, "backend": b, "set": "scan", "batch": 7, "length": 13017, "ms": ms}
+             for b, ms in (("vllm_fa3", 1.5 * 7), ("fa2", 1.02 * 7))]
+    timed += [{**call, "backend": b, "set": "scan", "batch": 6, "length": 13017, "ms": ms * 6}
+              for b, ms in (("vllm_fa3", 1.0), ("fa2", 1.02))]
+    scan = tmp_path / "scan.jsonl"
+    scan.write_text("".join(json.dumps(r) + "\n" for r in checks + timed))
+    out = R.wave_misreads(rows, [scan])
+    assert out["points"] == 1
+    assert out["vllm_fa3"]["median"] == 1.5 and out["others"]["median"] == 1.0
+    assert out["vllm_fa3_over_others"]["median"] == 1.5
+    # and the rule's pick there is fa2, interpolation's vllm_fa3
+    regrets = R.on_scans(rows, [scan])
+    assert regrets["interpolate"]["max"] > 1.4 and regrets["fa3_split_waves"]["max"] == 1.0
