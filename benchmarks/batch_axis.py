@@ -8,7 +8,9 @@ every scanned batch strictly between two of the grid's batches is placed from th
 (the same layer and context), as the selector places a query between timed points, and the rule's first choice is
 scored against the fastest backend timed there (regret, as benchmarks/regret.py scores the held-out shapes).
 
-Grids: the workload grid's batches, and two denser ones; what a denser grid buys is read off the same scan.
+Grids: the workload grid's batches, and denser ones; what a denser grid buys is read off the same scan, and what
+it costs is its decode bucket points a layer call (`workloads.decode_grid`: batches x DECODE_LENGTHS within the
+cache cap) against the workload grid's: a sweep's GPU time grows with them.
 
 Rules:
 - `interpolate`: each backend's time log-linear in the batch between the two grid batches
@@ -41,6 +43,7 @@ GRIDS = {
     "workload grid (matrix/workloads.py DECODE_BATCHES)": tuple(W.DECODE_BATCHES),
     "a factor of about 1.2": (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 76, 88, 96),
     "every 2nd batch to 40, every 8th beyond": (1, *range(2, 41, 2), *range(48, 257, 8)),
+    "every batch to 40, every 8th beyond": (*range(1, 41), *range(48, 257, 8)),
 }
 RULES = ("interpolate", "waves")
 # SMs of the GPUs a scan names (a wave is this many thread blocks times the blocks resident per SM).
@@ -181,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         ratios = call_ratios(rows, W.load_rows([Path(args.against)]))
         if args.output:
-            Path(args.output).write_text(json.dumps({"files": [f.name for f in files], "against": Path(
-                args.against).name, "ratios": ratios}, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+            atomic_write_text(Path(args.output), json.dumps({"files": [f.name for f in files], "against": Path(
+                args.against).name, "ratios": ratios}, indent=1, sort_keys=True) + "\n")
         print(f"{', '.join(f.name for f in files)} over {Path(args.against).name}, point by point:")
         for backend, kinds in ratios.items():
             for kind, x in kinds.items():
@@ -199,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, grid in GRIDS.items():
         placed = place(lines, grid, sms)
         result["grids"][name] = {"batches": list(grid), "rules": {r: summary([x[0] for x in xs])
-                                                                  for r, xs in placed.items()}}
+                                                                  for r, xs in placed.items()},
+                                 "decode_points": len(W.decode_grid(grid))}
         worst = sorted((x for x in placed["interpolate"] if x[0] > 1.10), reverse=True)
         result["grids"][name]["interpolate_over_1.10"] = [
             {"regret": round(g, 4), "layer": ly, "context": n, "batch": b, "pick": p, "fastest": f,
@@ -209,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(Path(args.output), json.dumps(result, indent=1, sort_keys=True) + "\n")
     print(f"batch scans {', '.join(result['files'])}: {result['lines']} (layer, context) lines, {sms} SMs")
     for name, g in result["grids"].items():
-        print(f"{name}: {len(g['batches'])} batches")
+        print(f"{name}: {len(g['batches'])} batches, {g['decode_points']} decode bucket points a layer call "
+              f"({g['decode_points'] / len(W.BUCKETS['decode']):.2f}x the workload grid's)")
         for rule, s in g["rules"].items():
             print(f"  {rule:12} points {s['points']:5}  regret geomean {s['geomean']}  p99 {s['p99']}  max {s['max']}  "
                   f"over 1.10: {s['over_1.10']}")

@@ -62,7 +62,15 @@ DECODE_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
 DECODE_LENGTHS = [512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768]
 _PREFILL = tuple((b, s) for b, s in itertools.product(PREFILL_BATCHES, sorted(PREFILL_LENGTHS + PREFILL_UNALIGNED))
                  if b * s <= 65536)
-_DECODE = tuple((b, c) for b, c in itertools.product(DECODE_BATCHES, DECODE_LENGTHS) if b * c <= 2**20)
+DECODE_CACHE_CAP = 2**20  # cached tokens of one decode step, at most
+
+
+def decode_grid(batches: list[int] | tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """The decode bucket points of a batch axis: its product with DECODE_LENGTHS, within DECODE_CACHE_CAP."""
+    return tuple((b, c) for b, c in itertools.product(batches, DECODE_LENGTHS) if b * c <= DECODE_CACHE_CAP)
+
+
+_DECODE = decode_grid(DECODE_BATCHES)
 BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_prefill": _PREFILL, "decode": _DECODE}
 # Shapes inside the grid's cells, never on a bucket point: batches between grid batches (5, 7, 10 ...; batch 1 and
 # 2, the grid's first values, on a grid line), lengths between grid lengths, prefill's past a multiple of 64 but
