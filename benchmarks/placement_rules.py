@@ -129,11 +129,13 @@ def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float
             "fa3_split_waves": sorted(stepped, key=lambda b: (stepped[b], b))}
 
 
-def summary(regrets: dict[str, list[float]]) -> dict:
+def summary(regrets: dict[str, list[float]], moves: dict[str, dict[str, int]] | None = None) -> dict:
     out = {}
     for rule, xs in regrets.items():
         xs.sort()
-        out[rule] = {"points": len(xs),
+        changed = {} if rule == "interpolate" else {"against_interpolate": (moves or {}).get(
+            rule, {"changed": 0, "fixed": 0, "new": 0})}
+        out[rule] = {**changed, "points": len(xs),
                      "geomean": round(math.exp(sum(map(math.log, xs)) / len(xs)), 4) if xs else None,
                      "p99": round(xs[int(0.99 * len(xs))], 4) if xs else None,
                      "max": round(xs[-1], 4) if xs else None,
@@ -141,13 +143,21 @@ def summary(regrets: dict[str, list[float]]) -> dict:
     return out
 
 
-def score(regrets: dict[str, list[float]], orders: dict, truth: dict[str, float]) -> None:
+def score(regrets: dict[str, list[float]], orders: dict, truth: dict[str, float],
+          moves: dict[str, dict[str, int]] | None = None) -> None:
     """Add each rule's regret at one point: its first choice timed there (a backend not timed: the next) against
-    the fastest."""
-    for rule, order in orders.items():
-        pick = next((x for x in order if x in truth), None)
-        if pick is not None:
-            regrets[rule].append(truth[pick] / min(truth.values()))
+    the fastest. `moves`: rule -> counts of the points where its first choice is not `interpolate`'s (`changed`),
+    and of those, where it ends a regret over 1.10 (`fixed`) or makes one (`new`)."""
+    picks = {rule: next((x for x in order if x in truth), None) for rule, order in orders.items()}
+    regret = {rule: truth[x] / min(truth.values()) for rule, x in picks.items() if x is not None}
+    for rule, r in regret.items():
+        regrets[rule].append(r)
+        base = regret.get("interpolate")
+        if moves is not None and base is not None and picks[rule] != picks["interpolate"]:
+            m = moves.setdefault(rule, {"changed": 0, "fixed": 0, "new": 0})
+            m["changed"] += 1
+            m["fixed"] += base > 1.10 >= r
+            m["new"] += r > 1.10 >= base
 
 
 def scan_truth(rows: list[dict], scans: list[Path]) -> dict[tuple, dict[str, float]]:
@@ -173,12 +183,13 @@ def on_scans(rows: list[dict], scans: list[Path]) -> dict:
     band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
     cells, waves, step = W.selector_rows(orders), layer_waves(rows), wave_step()
     regrets: dict[str, list[float]] = {r: [] for r in RULES}
+    moves: dict[str, dict[str, int]] = {}
     for (cell, hq, hkv, b, n), truth in sorted(scan_truth(rows, scans).items()):
         layer = [r for r in cells.get(cell, ()) if r[:2] == (hq, hkv)]
         if layer and (b, n) not in {(r[2], r[3]) for r in layer}:
             orders_here = rule_orders(layer, cell[1], b, n, band, spread, waves=waves.get((cell, hq, hkv)), step=step)
-            score(regrets, orders_here, truth)
-    return summary(regrets)
+            score(regrets, orders_here, truth, moves)
+    return summary(regrets, moves)
 
 
 def wave_misreads(rows: list[dict], scans: list[Path]) -> dict:
@@ -216,6 +227,7 @@ def compare(rows: list[dict]) -> dict:
     noise, orders = W.bucket_orders(rows)
     band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
     regrets: dict[str, list[float]] = {r: [] for r in RULES}
+    moves: dict[str, dict[str, int]] = {}
     waves, step = layer_waves(rows), wave_step()
     for key, cell in sorted(W.selector_rows(orders).items()):
         for heads in sorted({r[:2] for r in cell}):  # each timed layer of the cell on its own
@@ -224,8 +236,17 @@ def compare(rows: list[dict]) -> dict:
             for b, n in interior(sorted(by_point)):
                 here = rule_orders(without(layer, b, n), key[1], b, n, band, spread, waves=waves.get((key, *heads)),
                                    step=step)
-                score(regrets, here, dict(by_point[(b, n)][5]))
-    return {"bands": {"noise": band, "interpolation": spread}, "rules": summary(regrets)}
+                score(regrets, here, dict(by_point[(b, n)][5]), moves)
+    return {"bands": {"noise": band, "interpolation": spread}, "rules": summary(regrets, moves)}
+
+
+def line(rule: str, r: dict) -> str:
+    """One rule's figures as `main` prints them."""
+    moved = r.get("against_interpolate")
+    moved = (f"; against interpolate: {moved['changed']} first choices changed, {moved['fixed']} over 1.10 ended, "
+             f"{moved['new']} made") if moved else ""
+    return (f"  {rule:18} points {r['points']:5}  regret geomean {r['geomean']}  p99 {r['p99']}  max {r['max']}  "
+            f"over 1.10: {r['over_1.10']}{moved}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,14 +273,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['bands']['noise']}, "
           f"interpolation band {result['bands']['interpolation']}):")
     for rule, r in result["rules"].items():
-        print(f"  {rule:18} points {r['points']:5}  regret geomean {r['geomean']}  p99 {r['p99']}  max {r['max']}  "
-              f"over 1.10: {r['over_1.10']}")
+        print(line(rule, r))
     if "scans" in result:
         print(f"the shape scans' points off the grid, each placed from the whole grid "
               f"({', '.join(result['scans']['files'])}):")
         for rule, r in result["scans"]["rules"].items():
-            print(f"  {rule:18} points {r['points']:5}  regret geomean {r['geomean']}  p99 {r['p99']}  max {r['max']}  "
-                  f"over 1.10: {r['over_1.10']}")
+            print(line(rule, r))
         w = result["scans"]["fa3_added_wave"]
         if w["points"]:
             print(f"where FA3's split rule adds a wave over every timed point around ({w['points']} scanned decode "

@@ -53,8 +53,9 @@ from .models import call_params, layer_ops
 # (benchmarks/results/scan-sm_90-h200-20261202-prefill-*.jsonl), and an engine's prompts mostly are not. A query
 # is placed from the timed lengths of its own kind (selector_workloads.series). Between points a kernel's time is
 # still not a smooth function of the shape (wave quantisation, tile steps), so benchmarks/regret.py reports beside
-# the selector's regret how the backends fastest at the grid points around a query (`around`) fare there. A full
-# sm_90 sweep of 7 backends over the presets costs the H200 time benchmarks/results/README.md gives.
+# the selector's regret how the backends fastest at the grid points around a query (`around`) fare there. The grid is
+# kept small enough that a full sm_90 sweep of the installed backends over the presets fits in 30 minutes of one
+# H200; what it costs is in benchmarks/results/README.md (benchmarks/batch_axis.py weighs denser batch axes).
 PREFILL_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 PREFILL_LENGTHS = [256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
 PREFILL_UNALIGNED = [n + 40 for n in PREFILL_LENGTHS if n <= 1024]

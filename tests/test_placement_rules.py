@@ -178,3 +178,5 @@ def test_the_scans_say_how_far_vllm_fa3_is_misread_where_its_split_rule_adds_a_w
     # and the rule's pick there is fa2, interpolation's vllm_fa3
     regrets = R.on_scans(rows, [scan])
     assert regrets["interpolate"]["max"] > 1.4 and regrets["fa3_split_waves"]["max"] == 1.0
+    assert regrets["fa3_split_waves"]["against_interpolate"] == {"changed": 1, "fixed": 1, "new": 0}
+    assert regrets["no_tiles"]["against_interpolate"] == {"changed": 0, "fixed": 0, "new": 0}
