@@ -96,6 +96,12 @@ def layer_waves(rows: list[dict]) -> dict[tuple, Callable[[int, int], int]]:
     return out
 
 
+def added_waves(waves: Callable[[int, int], int], batch: int, length: int, points) -> int:
+    """How many more waves FA3's split rule (`waves`) runs a decode step of (batch, length) in than the most any of
+    the timed `points` around it needs: where `fa3_split_waves` reads vllm_fa3 slower."""
+    return waves(batch, length) - max(waves(*q) for q in points)
+
+
 def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float, spread: float,
                 graphs: dict[str, tuple[int, ...]] = GRAPHS, waves: Callable[[int, int], int] | None = None,
                 step: float = 1.0) -> dict[str, list[str]]:
@@ -118,7 +124,7 @@ def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float
 
     order = [b for b, _ in p.order]
     guess = sorted(order[:p.uncertain], key=lambda b: (worst(b), est[b]))
-    more = waves(batch, length) - max(waves(*q) for q in p.points) if waves and op == "decode" else 0
+    more = added_waves(waves, batch, length, p.points) if waves and op == "decode" else 0
     stepped = {**est, fa3.BACKEND: est[fa3.BACKEND] * step ** more} if more > 0 and fa3.BACKEND in est else est
     return {"interpolate": order,
             "least_worst_ratio": guess + order[p.uncertain:],
@@ -209,7 +215,7 @@ def wave_misreads(rows: list[dict], scans: list[Path]) -> dict:
         p = place(layer, "decode", {"batch_size": b, "context_len": n}, band, spread, graphs=GRAPHS)
         est = dict(p.order)
         others = [truth[x] / est[x] for x in truth if x != fa3.BACKEND and x in est]
-        if w(b, n) > max(w(*q) for q in p.points) and fa3.BACKEND in truth and fa3.BACKEND in est and others:
+        if added_waves(w, b, n, p.points) > 0 and fa3.BACKEND in truth and fa3.BACKEND in est and others:
             ratios["vllm_fa3"].append(truth[fa3.BACKEND] / est[fa3.BACKEND])
             ratios["others"].append(statistics.median(others))
             ratios["vllm_fa3_over_others"].append(ratios["vllm_fa3"][-1] / ratios["others"][-1])
