@@ -183,18 +183,25 @@ def scan_truth(rows: list[dict], scans: list[Path]) -> dict[tuple, dict[str, flo
     return timed
 
 
-def on_scans(rows: list[dict], scans: list[Path]) -> dict:
-    """Per rule: the regret of its first choice at every scanned point off the grid, placed from the whole grid."""
+def off_grid(rows: list[dict], scans: list[Path]):
+    """Every scanned point off the grid whose layer the grid timed, as the rules place it: (op, batch, length, the
+    scan's times there, the layer's timed rows, the noise and interpolation bands, the layer's FA3 waves or None)."""
     noise, orders = W.bucket_orders(rows)
     band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
-    cells, waves, step = W.selector_rows(orders), layer_waves(rows), wave_step()
-    regrets: dict[str, list[float]] = {r: [] for r in RULES}
-    moves: dict[str, dict[str, int]] = {}
+    cells, waves = W.selector_rows(orders), layer_waves(rows)
     for (cell, hq, hkv, b, n), truth in sorted(scan_truth(rows, scans).items()):
         layer = [r for r in cells.get(cell, ()) if r[:2] == (hq, hkv)]
         if layer and (b, n) not in {(r[2], r[3]) for r in layer}:
-            orders_here = rule_orders(layer, cell[1], b, n, band, spread, waves=waves.get((cell, hq, hkv)), step=step)
-            score(regrets, orders_here, truth, moves)
+            yield cell[1], b, n, truth, layer, band, spread, waves.get((cell, hq, hkv))
+
+
+def on_scans(rows: list[dict], scans: list[Path]) -> dict:
+    """Per rule: the regret of its first choice at every scanned point off the grid, placed from the whole grid."""
+    step = wave_step()
+    regrets: dict[str, list[float]] = {r: [] for r in RULES}
+    moves: dict[str, dict[str, int]] = {}
+    for op, b, n, truth, layer, band, spread, waves in off_grid(rows, scans):
+        score(regrets, rule_orders(layer, op, b, n, band, spread, waves=waves, step=step), truth, moves)
     return summary(regrets, moves)
 
 
@@ -203,19 +210,14 @@ def wave_misreads(rows: list[dict], scans: list[Path]) -> dict:
     around needs (where `fa3_split_waves` reads vllm_fa3 slower): each backend's scanned time over the selector's
     reading of it, vllm_fa3's and the median of the others' at each point, and vllm_fa3's over the others': how
     much of its step the other backends share (median, p10, p90 over the points)."""
-    noise, orders = W.bucket_orders(rows)
-    band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
-    cells, waves = W.selector_rows(orders), layer_waves(rows)
     ratios: dict[str, list[float]] = {"vllm_fa3": [], "others": [], "vllm_fa3_over_others": []}
-    for (cell, hq, hkv, b, n), truth in sorted(scan_truth(rows, scans).items()):
-        layer = [r for r in cells.get(cell, ()) if r[:2] == (hq, hkv)]
-        w = waves.get((cell, hq, hkv))
-        if cell[1] != "decode" or not layer or w is None or (b, n) in {(r[2], r[3]) for r in layer}:
+    for op, b, n, truth, layer, band, spread, waves in off_grid(rows, scans):
+        if op != "decode" or waves is None:
             continue
-        p = place(layer, "decode", {"batch_size": b, "context_len": n}, band, spread, graphs=GRAPHS)
+        p = place(layer, op, {"batch_size": b, "context_len": n}, band, spread, graphs=GRAPHS)
         est = dict(p.order)
         others = [truth[x] / est[x] for x in truth if x != fa3.BACKEND and x in est]
-        if added_waves(w, b, n, p.points) > 0 and fa3.BACKEND in truth and fa3.BACKEND in est and others:
+        if added_waves(waves, b, n, p.points) > 0 and fa3.BACKEND in truth and fa3.BACKEND in est and others:
             ratios["vllm_fa3"].append(truth[fa3.BACKEND] / est[fa3.BACKEND])
             ratios["others"].append(statistics.median(others))
             ratios["vllm_fa3_over_others"].append(ratios["vllm_fa3"][-1] / ratios["others"][-1])
