@@ -8,9 +8,10 @@ every scanned batch strictly between two of the grid's batches is placed from th
 (the same layer and context), as the selector places a query between timed points, and the rule's first choice is
 scored against the fastest backend timed there (regret, as benchmarks/regret.py scores the held-out shapes).
 
-Grids: the workload grid's batches, and denser ones; what a denser grid buys is read off the same scan, and what
-it costs is its decode bucket points a layer call (`workloads.decode_grid`: batches x DECODE_LENGTHS within the
-cache cap) against the workload grid's: a sweep's GPU time grows with them.
+Grids: the factor-1.5 batch axis the workload grid had first, the workload grid's, and denser ones; what a denser
+grid buys is read off the same scan, and what it costs is its decode bucket points a layer call
+(`workloads.decode_grid`: batches x DECODE_LENGTHS within the cache cap) against the factor-1.5 axis's: a sweep's
+GPU time grows with them.
 
 Rules:
 - `interpolate`: each backend's time log-linear in the batch between the two grid batches
@@ -40,8 +41,8 @@ from attnmatrix.matrix.storage import atomic_write_text
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GRIDS = {
-    "workload grid (matrix/workloads.py DECODE_BATCHES)": tuple(W.DECODE_BATCHES),
-    "a factor of about 1.2": (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 76, 88, 96),
+    "a factor of 1.5 or 1.33 (matrix/workloads.py DECODE_BATCHES_BY_1_5)": tuple(W.DECODE_BATCHES_BY_1_5),
+    "workload grid, a factor of about 1.2 (matrix/workloads.py DECODE_BATCHES)": tuple(W.DECODE_BATCHES),
     "every 2nd batch to 40, every 8th beyond": (1, *range(2, 41, 2), *range(48, 257, 8)),
     "every batch to 40, every 8th beyond": (*range(1, 41), *range(48, 257, 8)),
 }
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"batch scans {', '.join(result['files'])}: {result['lines']} (layer, context) lines, {sms} SMs")
     for name, g in result["grids"].items():
         print(f"{name}: {len(g['batches'])} batches, {g['decode_points']} decode bucket points a layer call "
-              f"({g['decode_points'] / len(W.BUCKETS['decode']):.2f}x the workload grid's)")
+              f"({g['decode_points'] / len(W.GRID_BY_1_5['decode']):.2f}x the factor-1.5 axis's)")
         for rule, s in g["rules"].items():
             print(f"  {rule:12} points {s['points']:5}  regret geomean {s['geomean']}  p99 {s['p99']}  max {s['max']}  "
                   f"over 1.10: {s['over_1.10']}")

@@ -38,9 +38,14 @@ from attnmatrix.vocabulary import features_of
 from .models import call_params, layer_ops
 
 # (batch, length): prefill length = tokens per sequence (query = key length); decode length = context.
-# Batches a factor of 1.5 or 1.33 apart (1, 2, 3, 4, 6, 8, 12 ...): a kernel's split-KV and wave heuristics turn on
-# the number of sequences times heads against the SM count, and a factor-2 batch axis misses the turns (decode at
-# batch 12 ran 1.5x faster on fa2 than on vllm_fa3, where batch 8 and 16 had them within 6%). Prefill lengths a
+# Prefill batches a factor of 1.5 or 1.33 apart (1, 2, 3, 4, 6, 8, 12 ...): a kernel's split-KV and wave heuristics
+# turn on the number of sequences times heads against the SM count, and a factor-2 batch axis misses the turns
+# (decode at batch 12 ran 1.5x faster on fa2 than on vllm_fa3, where batch 8 and 16 had them within 6%). Decode
+# batches a factor of about 1.2 apart (1 ... 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80 ...): a decode
+# kernel's split rule steps at single batches (upstream FA3's num_splits_heuristic adds a wave of thread blocks at
+# one batch and not the next, benchmarks/fa3_split_waves.py), and read off a scan of every batch
+# (benchmarks/batch_axis.py) this axis leaves 12 of 1,664 scanned batches over 1.10x the fastest where the
+# factor-1.5 axis (DECODE_BATCHES_BY_1_5) left 32 of 2,132, for 1.73x its decode points. Prefill lengths a
 # factor of 1.5 or 1.33 apart up to 1024 tokens, where a kernel's tile steps are a large share of its work, and a
 # factor of 2 beyond; decode contexts a factor of 1.5 or 1.33 apart: a decode kernel splits the context into KV
 # blocks among the SMs, and its time turns with that split where a factor-2 axis does not see it (the decode misses
@@ -59,7 +64,9 @@ from .models import call_params, layer_ops
 PREFILL_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 PREFILL_LENGTHS = [256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
 PREFILL_UNALIGNED = [n + 40 for n in PREFILL_LENGTHS if n <= 1024]
-DECODE_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+DECODE_BATCHES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192,
+                  224, 256]
+DECODE_BATCHES_BY_1_5 = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]  # the axis before (GRID_OF_DRAW)
 DECODE_LENGTHS = [512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768]
 _PREFILL = tuple((b, s) for b, s in itertools.product(PREFILL_BATCHES, sorted(PREFILL_LENGTHS + PREFILL_UNALIGNED))
                  if b * s <= 65536)
@@ -71,18 +78,21 @@ def decode_grid(batches: list[int] | tuple[int, ...]) -> tuple[tuple[int, int], 
     return tuple((b, c) for b, c in itertools.product(batches, DECODE_LENGTHS) if b * c <= DECODE_CACHE_CAP)
 
 
-_DECODE = decode_grid(DECODE_BATCHES)
-BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_prefill": _PREFILL, "decode": _DECODE}
+BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_prefill": _PREFILL,
+                                                   "decode": decode_grid(DECODE_BATCHES)}
+GRID_BY_1_5 = {**BUCKETS, "decode": decode_grid(DECODE_BATCHES_BY_1_5)}
 # Shapes inside the grid's cells, never on a bucket point: batches between grid batches (5, 7, 10 ...; batch 1 and
 # 2, the grid's first values, on a grid line), lengths between grid lengths, prefill's past a multiple of 64 but
 # one (640, a multiple between 512 and 768), decode's near the middle (in log space) of a context cell, spread from
 # one sequence to the largest batches. Fixed before the sweep that times them; the bucket points around each (the
 # cell's corners, `around`) are in the grid. A grid made denser takes held-out shapes inside its new cells, drawn
-# before it is timed: shapes of the older grid's cells sit near the new grid points, and would flatter it. FRESH
-# shapes, drawn at random (`draw_shapes`) and fixed here before they were timed, judge the grid and the placement
-# rules on shapes no rule was chosen on; `report` scores each draw apart. A rule chosen after a draw was timed may
-# have been chosen on it: reading vLLM's FA4 in the query's CUDA graph (selector_workloads.graph_readings) was
-# chosen on the held-out shapes of the first draw and those before it, so decode was drawn again after it.
+# before it is timed: shapes of the older grid's cells sit near the new grid points, and would flatter it (decode's
+# shapes before the draw of 2026120303 were chosen inside the cells of the factor-1.5 batch axis: on the
+# factor-1.2 axis some lie on a batch line). FRESH shapes, drawn at random (`draw_shapes`, on the grid
+# `GRID_OF_DRAW` names) and fixed here before they were timed, judge the grid and the placement rules on shapes no
+# rule was chosen on; `report` scores each draw apart. A rule chosen after a draw was timed may have been chosen on
+# it: reading vLLM's FA4 in the query's CUDA graph (selector_workloads.graph_readings) was chosen on the held-out
+# shapes of the first draw and those before it, so decode was drawn again after it.
 _PREFILL_FRESH = ((5, 4200), (9, 1507), (11, 449), (21, 444))
 _DECODE_FRESH = ((5, 3611), (14, 2183), (115, 1617), (188, 3033))
 _DECODE_FRESH_GRAPHS = ((20, 22349), (22, 5304), (46, 8689), (132, 617))
@@ -92,18 +102,24 @@ _DECODE_FRESH_GRAPHS = ((20, 22349), (22, 5304), (46, 8689), (132, 617))
 _PREFILL_FRESH_3 = ((5, 7669), (7, 2022), (7, 2417), (10, 2168), (19, 575), (22, 1682), (27, 944), (28, 1671))
 _DECODE_FRESH_3 = ((7, 13017), (10, 2629), (18, 5673), (25, 3924), (28, 4278), (56, 7504), (62, 14409),
                    (67, 7477), (115, 7999), (151, 1377), (218, 561), (238, 3255))
+# The fourth, decode's first on the factor-1.2 batch axis, drawn before that axis was timed:
+# draw_shapes(2026120303, {"decode": 16}).
+_DECODE_FRESH_4 = ((13, 27861), (17, 5218), (19, 5525), (19, 18184), (35, 4310), (38, 1343), (38, 2172), (60, 2266),
+                   (93, 1187), (97, 552), (109, 614), (138, 984), (156, 4133), (161, 517), (202, 789), (218, 673))
 # draw (its seed) -> op -> shapes, oldest first; FRESH: every draw's shapes per op
 FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_FRESH, "decode": _DECODE_FRESH},
                "20261203": {"decode": _DECODE_FRESH_GRAPHS},
                "2026120302": {"prefill": _PREFILL_FRESH_3, "mla_prefill": _PREFILL_FRESH_3,
-                              "decode": _DECODE_FRESH_3}}
+                              "decode": _DECODE_FRESH_3},
+               "2026120303": {"decode": _DECODE_FRESH_4}}
+GRID_OF_DRAW = {"20261202": GRID_BY_1_5, "20261203": GRID_BY_1_5, "2026120302": GRID_BY_1_5, "2026120303": BUCKETS}
 FRESH = {op: tuple(p for draw in FRESH_DRAWS.values() for p in draw.get(op, ())) for op in BUCKETS}
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
     "prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
     "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
     "decode": ((1, 880), (5, 10000), (7, 1770), (10, 5000), (20, 2500), (40, 1250), (80, 3550), (160, 620))
-    + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3,
+    + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3 + _DECODE_FRESH_4,
 }
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 
@@ -113,18 +129,20 @@ _DRAW_RANGE = {"prefill": (64, 256, 16384), "mla_prefill": (64, 256, 16384), "de
 _DRAW_TRIES = 100_000  # a count the grid cannot hold fails instead of drawing forever
 
 
-def draw_shapes(seed: int, counts: dict[str, int], taken: dict[str, tuple] | None = None) -> dict[str, tuple]:
+def draw_shapes(seed: int, counts: dict[str, int], taken: dict[str, tuple] | None = None,
+                grid: dict[str, tuple] | None = None) -> dict[str, tuple]:
     """Held-out shapes drawn at random: per op of `counts`, in its order, from one random.Random(seed), batch
     round(exp(U(0, ln B))) and length round(exp(U(ln L0, ln L1))) over the grid's range (`_DRAW_RANGE`), a draw
-    refused on a grid batch or length, at a multiple of 64, off the grid (a corner of its cell
-    not a bucket point: over the token cap) or at a shape of `taken` (default: the held-out shapes of the
+    refused on a batch or length of `grid` (default: BUCKETS), at a multiple of 64, off the grid (a corner of its
+    cell not a bucket point: over the token cap) or at a shape of `taken` (default: the held-out shapes of the
     earlier draws and the fixed ones) or drawn before; the first `counts[op]` kept, sorted."""
     taken = HELD_OUT if taken is None else taken
+    grid = BUCKETS if grid is None else grid
     rng = random.Random(seed)
     out = {}
     for op, count in counts.items():
         top, low, high = _DRAW_RANGE[op]
-        batches, lengths = {p[0] for p in BUCKETS[op]}, {p[1] for p in BUCKETS[op]}
+        batches, lengths = {p[0] for p in grid[op]}, {p[1] for p in grid[op]}
         kept: list[tuple[int, int]] = []
         for _ in range(_DRAW_TRIES):
             if len(kept) == count:
@@ -133,7 +151,7 @@ def draw_shapes(seed: int, counts: dict[str, int], taken: dict[str, tuple] | Non
             n = round(math.exp(rng.uniform(math.log(low), math.log(high))))
             if b in batches or n in lengths or n % 64 == 0 or (b, n) in kept or (b, n) in taken.get(op, ()):
                 continue
-            if len(around(op, b, n)) == 4:  # strictly inside a cell whose four corners the grid has
+            if len(around(op, b, n, grid)) == 4:  # strictly inside a cell whose four corners the grid has
                 kept.append((b, n))
         if len(kept) < count:
             raise ValueError(f"{op}: {len(kept)} of {count} shapes after {_DRAW_TRIES} draws (seed {seed})")
@@ -155,15 +173,16 @@ def bucket_of(op: str, batch: int, length: int) -> tuple[int, int]:
     return nearest_point(series(BUCKETS[op], length, batch), batch, length)
 
 
-def around(op: str, batch: int, length: int) -> tuple[tuple[int, int], ...]:
-    """The bucket points at the corners of the grid cell that holds (batch, length): four inside the grid, the two
-    on a grid line, the point itself where it is one, the edge's points beyond an edge; those the grid leaves out
-    (its largest corners) are not among them, and where that leaves none, the nearest bucket (`bucket_of`). The
-    grid is that of the points of the length's kind (`selector_workloads.series`), as the selector places it."""
-    points = set(series(BUCKETS[op], length, batch))
+def around(op: str, batch: int, length: int, grid: dict[str, tuple] | None = None) -> tuple[tuple[int, int], ...]:
+    """The bucket points at the corners of the cell of `grid` (default: BUCKETS) that holds (batch, length): four
+    inside the grid, the two on a grid line, the point itself where it is one, the edge's points beyond an edge;
+    those the grid leaves out (its largest corners) are not among them, and where that leaves none, the nearest
+    point. The grid is that of the points of the length's kind (`selector_workloads.series`), as the selector
+    places it."""
+    points = set(series((BUCKETS if grid is None else grid)[op], length, batch))
     batches, lengths = bracket(batch, {p[0] for p in points}), bracket(length, {p[1] for p in points})
     corners = tuple(p for p in itertools.product(batches, lengths) if p in points)
-    return corners or (bucket_of(op, batch, length),)
+    return corners or (nearest_point(points, batch, length),)
 
 
 def layer_features(case_key: str) -> tuple[str, ...]:

@@ -21,23 +21,26 @@ def test_every_point_has_a_bucket_and_held_out_points_are_not_buckets():
         for p in W.HELD_OUT[op]:
             assert p not in points
             assert W.bucket_of(op, *p) in points
-    assert W.bucket_of("decode", 230, 600) == (256, 512)
+    assert W.bucket_of("decode", 230, 600) == (224, 512)
     assert W.bucket_of("prefill", 5, 5000) == (6, 4096)
     assert W.bucket_of("prefill", 4, 300) == (4, 296) and W.bucket_of("prefill", 4, 320) == (4, 384)  # its kind
-    # every held-out point is within a factor of sqrt(2) (and a little) of its bucket on both axes, strictly
-    # between grid values on every axis but the batch of 1 and 2 (the grid's first values), and the four grid
-    # points around it, among the lengths of its kind, are buckets (its placement interpolates between them)
+    # every held-out point is within a factor of sqrt(2) (and a little) of its bucket on both axes, and on the grid
+    # it was chosen on (a draw's: GRID_OF_DRAW; the fixed shapes: the factor-1.5 axis) strictly between grid values
+    # on every axis but the batch of 1 and 2 (the grid's first values), with the four grid points around it, among
+    # the lengths of its kind, buckets (its placement interpolates between them)
+    drawn_on = {(op, p): W.GRID_OF_DRAW[seed] for seed, draw in W.FRESH_DRAWS.items() for op in draw for p in draw[op]}
     for op, points in W.HELD_OUT.items():
         assert set(W.FRESH[op]) <= set(points)  # every draw of fresh shapes is held out
         for b, n in points:
             bb, bn = W.bucket_of(op, b, n)
             assert max(b / bb, bb / b) <= 1.5 and max(n / bn, bn / n) <= 1.5, (op, b, n)
-            kind = W.series(W.BUCKETS[op], n)
+            grid = drawn_on.get((op, (b, n)), W.GRID_BY_1_5)
+            kind = W.series(grid[op], n)
             batches, lengths = sorted({p[0] for p in kind}), sorted({p[1] for p in kind})
             assert n not in lengths and (b not in batches or b <= 2), (op, b, n)
             around = {(x, y) for x in (max(v for v in batches if v <= b), min(v for v in batches if v >= b))
                       for y in (max(v for v in lengths if v <= n), min(v for v in lengths if v >= n))}
-            assert around <= set(W.BUCKETS[op]) and set(W.around(op, b, n)) == around, (op, b, n)
+            assert around <= set(grid[op]) and set(W.around(op, b, n, grid)) == around, (op, b, n)
     with pytest.raises(ValueError, match="no workload buckets"):
         W.bucket_of("encode", 1, 1)
 
@@ -47,7 +50,8 @@ def test_each_fresh_draw_is_draw_shapes_of_its_seed_given_the_shapes_held_out_be
     taken = {op: fixed[op.replace("mla_", "")] for op in W.BUCKETS}
     for seed, shapes in W.FRESH_DRAWS.items():
         counts = {op: len(v) for op, v in shapes.items() if op != "mla_prefill"}
-        assert W.draw_shapes(int(seed), counts, taken) == {op: shapes[op] for op in counts}, seed
+        drawn = W.draw_shapes(int(seed), counts, taken, W.GRID_OF_DRAW[seed])
+        assert drawn == {op: shapes[op] for op in counts}, seed
         assert shapes.get("mla_prefill", shapes.get("prefill")) == shapes.get("prefill")
         taken = {op: taken[op] + shapes.get(op, ()) for op in taken}
     assert W.HELD_OUT == taken  # the held-out shapes are the fixed ones and the draws, and nothing else
@@ -247,7 +251,8 @@ def test_new_points_only_times_what_the_committed_files_do_not_hold(tmp_path, mo
 
 
 def test_around_is_the_grid_cell_of_a_point():
-    assert W.around("decode", 5, 896) == ((4, 768), (4, 1024), (6, 768), (6, 1024))
+    assert W.around("decode", 9, 896) == ((8, 768), (8, 1024), (10, 768), (10, 1024))
+    assert W.around("decode", 5, 896, W.GRID_BY_1_5) == ((4, 768), (4, 1024), (6, 768), (6, 1024))  # another grid
     assert W.around("decode", 4, 1024) == ((4, 1024),)
     assert W.around("decode", 4, 896) == ((4, 768), (4, 1024))  # on a grid line: its two points
     assert W.around("prefill", 40, 1536) == ((32, 1024), (32, 2048), (48, 1024))  # (48, 2048): over 64k tokens
