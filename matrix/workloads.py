@@ -81,18 +81,18 @@ def decode_grid(batches: list[int] | tuple[int, ...]) -> tuple[tuple[int, int], 
 BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_prefill": _PREFILL,
                                                    "decode": decode_grid(DECODE_BATCHES)}
 GRID_BY_1_5 = {**BUCKETS, "decode": decode_grid(DECODE_BATCHES_BY_1_5)}
-# Shapes inside the grid's cells, never on a bucket point: batches between grid batches (5, 7, 10 ...; batch 1 and
-# 2, the grid's first values, on a grid line), lengths between grid lengths, prefill's past a multiple of 64 but
-# one (640, a multiple between 512 and 768), decode's near the middle (in log space) of a context cell, spread from
-# one sequence to the largest batches. Fixed before the sweep that times them; the bucket points around each (the
-# cell's corners, `around`) are in the grid. A grid made denser takes held-out shapes inside its new cells, drawn
-# before it is timed: shapes of the older grid's cells sit near the new grid points, and would flatter it (decode's
-# shapes before the draw of 2026120303 were chosen inside the cells of the factor-1.5 batch axis: on the
-# factor-1.2 axis some lie on a batch line). FRESH shapes, drawn at random (`draw_shapes`, on the grid
-# `GRID_OF_DRAW` names) and fixed here before they were timed, judge the grid and the placement rules on shapes no
-# rule was chosen on; `report` scores each draw apart. A rule chosen after a draw was timed may have been chosen on
-# it: reading vLLM's FA4 in the query's CUDA graph (selector_workloads.graph_readings) was chosen on the held-out
-# shapes of the first draw and those before it, so decode was drawn again after it.
+# Shapes inside the cells of the grid they were chosen on, never on a bucket point: batches between its batches (5, 7,
+# 10 ... on the factor-1.5 axis; batch 1 and 2, the grid's first values, on a grid line), lengths between grid lengths,
+# prefill's past a multiple of 64 but one (640, a multiple between 512 and 768), decode's near the middle (in log space)
+# of a context cell, spread from one sequence to the largest batches. Fixed before the sweep that times them; the bucket
+# points around each (the cell's corners, `around`) are in the grid. A grid made denser takes held-out shapes inside its
+# new cells, drawn before it is timed: shapes of the older grid's cells sit near the new grid points, and would flatter
+# it (decode's shapes before the draw of 2026120303 were chosen inside the cells of the factor-1.5 batch axis: on the
+# factor-1.2 axis some lie on a batch line). FRESH shapes, drawn at random (`draw_shapes`, on the grid `GRID_OF_DRAW`
+# names) and fixed here before they were timed, judge the grid and the placement rules on shapes no rule was chosen on;
+# `report` scores each draw apart. A rule chosen after a draw was timed may have been chosen on it: reading vLLM's FA4
+# in the query's CUDA graph (selector_workloads.graph_readings) was chosen on the held-out shapes of the first draw and
+# those before it, so decode was drawn again after it.
 _PREFILL_FRESH = ((5, 4200), (9, 1507), (11, 449), (21, 444))
 _DECODE_FRESH = ((5, 3611), (14, 2183), (115, 1617), (188, 3033))
 _DECODE_FRESH_GRAPHS = ((20, 22349), (22, 5304), (46, 8689), (132, 617))
