@@ -26,6 +26,13 @@ Rules:
   (benchmarks/fa3_split_waves.py `waves`) puts in more waves of thread blocks than every timed point around it: by
   the time one more wave costs it, per wave more (the median ratio of its time one sequence up where the rule adds
   a wave, read from the committed summary `fa3_split_waves.SUMMARY`).
+- `fa4_waves`: `interpolate`, with fa4 read in the query's wave of thread blocks at decode, as a backend is read in
+  the query's CUDA graph (`selector_workloads.graph_readings`). On sm_90 FA4 runs a decode step unsplit, one
+  thread block per KV head of a sequence (query heads packed with their KV head), one block per SM (flash-attn-4
+  4.0.0b36 flash_attn/cute/interface.py:1631 "SplitKV not supported on SM 9.0", :1000-1001 pack_gqa, :411-413 the
+  blocks; flash_fwd_sm90.py:403 min_blocks_per_mp=1 with 384 threads of 128-168 registers), so its time is about
+  flat over the batches one wave of SMs holds and steps where batch x KV heads passes a multiple of the SM count
+  (`fa4_wave_ends`). No parameter is fitted.
 
 The grid alone cannot judge `no_tiles`: a hidden point's tile loses the very length the tile reading needs. The
 shape scans can (`--scans`, benchmarks/results/*scan-*.jsonl): every scanned point off the grid is placed from the
@@ -53,10 +60,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fa3_split_waves as fa3  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
 
 RULES = ("interpolate", "least_worst_ratio", "any_length", "no_tiles", "no_graphs", "graphs_all_vllm",
-         "fa3_split_waves")
+         "fa3_split_waves", "fa4_waves")
 # The backends read in the query's CUDA graph: as declared (backends.json), and by `graphs_all_vllm`.
 GRAPHS = declared_graph_batches()
 ALL_VLLM_GRAPHS = {b: tuple(capture_sizes()) for b in ("vllm_fa2", "vllm_fa3", "vllm_fa4")}
+
+
+def fa4_wave_ends(heads_kv: int, sms: int = fa3.SMS, top: int = max(W.DECODE_BATCHES)) -> tuple[int, ...]:
+    """The largest batch each wave of FA4's sm_90 decode blocks holds (one block per KV head of a sequence, one per
+    SM), up to past `top`: the batches fa4's time steps after, as `graph_reading_batch` reads captured sizes."""
+    ends = [sms // heads_kv]
+    while ends[-1] < top:
+        ends.append((len(ends) + 1) * sms // heads_kv)
+    return tuple(ends)
 
 
 def interior(points: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -126,13 +142,15 @@ def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float
     guess = sorted(order[:p.uncertain], key=lambda b: (worst(b), est[b]))
     more = added_waves(waves, batch, length, p.points) if waves and op == "decode" else 0
     stepped = {**est, fa3.BACKEND: est[fa3.BACKEND] * step ** more} if more > 0 and fa3.BACKEND in est else est
+    waves_fa4 = {**graphs, "fa4": fa4_wave_ends(rows[0][1])} if op == "decode" else graphs
     return {"interpolate": order,
             "least_worst_ratio": guess + order[p.uncertain:],
             "any_length": order_of(by_kind=False),
             "no_tiles": order_of(tiles=False),
             "no_graphs": order_of(graphs={}),
             "graphs_all_vllm": order_of(graphs=ALL_VLLM_GRAPHS),
-            "fa3_split_waves": sorted(stepped, key=lambda b: (stepped[b], b))}
+            "fa3_split_waves": sorted(stepped, key=lambda b: (stepped[b], b)),
+            "fa4_waves": order_of(graphs=waves_fa4)}
 
 
 def summary(regrets: dict[str, list[float]], moves: dict[str, dict[str, int]] | None = None) -> dict:
