@@ -42,11 +42,9 @@ from attnmatrix.matrix.storage import atomic_write_text
 RESULTS = Path(__file__).resolve().parent / "results"
 GRIDS = {
     "a factor of 1.5 or 1.33 (matrix/workloads.py DECODE_BATCHES_BY_1_5)": tuple(W.DECODE_BATCHES_BY_1_5),
-    "workload grid, a factor of about 1.2 (matrix/workloads.py DECODE_BATCHES)": tuple(W.DECODE_BATCHES),
-    # the first batch of each new wave of one thread block per KV head of a sequence over 132 SMs (as FA4 runs a
-    # decode step on sm_90; the other backends step there too), for 8 and 4 KV heads, the presets' commonest
-    "workload grid and the first batch past each wave for 8 and 4 KV heads": tuple(sorted(
-        set(W.DECODE_BATCHES) | {132 * k // h + 1 for h in (8, 4) for k in range(1, 8) if 132 * k // h + 1 <= 96})),
+    "a factor of about 1.2 (matrix/workloads.py DECODE_BATCHES_BY_1_2)": tuple(W.DECODE_BATCHES_BY_1_2),
+    "workload grid: that and the first batch past each wave for 8 and 4 KV heads (matrix/workloads.py "
+    "DECODE_BATCHES)": tuple(W.DECODE_BATCHES),
     "every 2nd batch to 40, every 8th beyond": (1, *range(2, 41, 2), *range(48, 257, 8)),
     "every batch to 40, every 8th beyond": (*range(1, 41), *range(48, 257, 8)),
 }

@@ -45,7 +45,11 @@ from .models import call_params, layer_ops
 # kernel's split rule steps at single batches (upstream FA3's num_splits_heuristic adds a wave of thread blocks at
 # one batch and not the next, benchmarks/fa3_split_waves.py), and read off a scan of every batch
 # (benchmarks/batch_axis.py) this axis leaves 12 of 1,664 scanned batches over 1.10x the fastest where the
-# factor-1.5 axis (DECODE_BATCHES_BY_1_5) left 32 of 2,132, for 1.73x its decode points. Prefill lengths a
+# factor-1.5 axis (DECODE_BATCHES_BY_1_5) left 32 of 2,132, for 1.73x its decode points. Decode also times the first
+# batch past each wave of thread blocks over the SMs for 8 and 4 KV heads (WAVE_BATCHES: 17, 34, 50, 67, 83): on sm_90
+# FA4 runs a decode step unsplit, one block per KV head of a sequence and one per SM, and every backend's time steps
+# there (16 to 17 sequences of 8 KV heads: fa4 1.6x, vllm_fa3 1.7x; benchmarks/placement_rules.py fa4_waves); on the
+# batch scan they leave 7 of 1,560 batches over 1.10x, for 375 decode points a layer call. Prefill lengths a
 # factor of 1.5 or 1.33 apart up to 1024 tokens, where a kernel's tile steps are a large share of its work, and a
 # factor of 2 beyond; decode contexts a factor of 1.5 or 1.33 apart: a decode kernel splits the context into KV
 # blocks among the SMs, and its time turns with that split where a factor-2 axis does not see it (the decode misses
@@ -64,9 +68,14 @@ from .models import call_params, layer_ops
 PREFILL_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 PREFILL_LENGTHS = [256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
 PREFILL_UNALIGNED = [n + 40 for n in PREFILL_LENGTHS if n <= 1024]
-DECODE_BATCHES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192,
-                  224, 256]
-DECODE_BATCHES_BY_1_5 = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]  # the axis before (GRID_OF_DRAW)
+DECODE_BATCHES_BY_1_2 = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160,
+                         192, 224, 256]
+SMS = 132  # of the GPU the grid is timed on (an H200; an H100 SXM has as many)
+# the first batch past each wave of one thread block per KV head of a sequence over the SMs, for 8 and 4 KV heads
+# (the presets' commonest), up to 96
+WAVE_BATCHES = sorted({SMS * k // h + 1 for h in (8, 4) for k in range(1, 8) if SMS * k // h + 1 <= 96})
+DECODE_BATCHES = sorted(set(DECODE_BATCHES_BY_1_2) | set(WAVE_BATCHES))
+DECODE_BATCHES_BY_1_5 = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]  # earlier axes (GRID_OF_DRAW)
 DECODE_LENGTHS = [512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768]
 _PREFILL = tuple((b, s) for b, s in itertools.product(PREFILL_BATCHES, sorted(PREFILL_LENGTHS + PREFILL_UNALIGNED))
                  if b * s <= 65536)
@@ -81,6 +90,7 @@ def decode_grid(batches: list[int] | tuple[int, ...]) -> tuple[tuple[int, int], 
 BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_prefill": _PREFILL,
                                                    "decode": decode_grid(DECODE_BATCHES)}
 GRID_BY_1_5 = {**BUCKETS, "decode": decode_grid(DECODE_BATCHES_BY_1_5)}
+GRID_BY_1_2 = {**BUCKETS, "decode": decode_grid(DECODE_BATCHES_BY_1_2)}
 # Shapes inside the cells of the grid they were chosen on, never on a bucket point: batches between its batches (5, 7,
 # 10 ... on the factor-1.5 axis; batch 1 and 2, the grid's first values, on a grid line), lengths between grid lengths,
 # prefill's past a multiple of 64 but one (640, a multiple between 512 and 768), decode's near the middle (in log space)
@@ -106,20 +116,27 @@ _DECODE_FRESH_3 = ((7, 13017), (10, 2629), (18, 5673), (25, 3924), (28, 4278), (
 # draw_shapes(2026120303, {"decode": 16}).
 _DECODE_FRESH_4 = ((13, 27861), (17, 5218), (19, 5525), (19, 18184), (35, 4310), (38, 1343), (38, 2172), (60, 2266),
                    (93, 1187), (97, 552), (109, 614), (138, 984), (156, 4133), (161, 517), (202, 789), (218, 673))
+# The fifth, drawn with the wave batches (WAVE_BATCHES) in the grid, before they were timed:
+# draw_shapes(2026120304, {"decode": 16}).
+_DECODE_FRESH_5 = ((9, 1281), (11, 1825), (23, 2926), (23, 5727), (60, 3269), (76, 1326), (76, 3175), (89, 5552),
+                   (105, 826), (141, 2487), (173, 3967), (183, 1895), (188, 2925), (203, 2633), (203, 2998),
+                   (231, 2896))
 # draw (its seed) -> op -> shapes, oldest first; FRESH: every draw's shapes per op
 FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_FRESH, "decode": _DECODE_FRESH},
                "20261203": {"decode": _DECODE_FRESH_GRAPHS},
                "2026120302": {"prefill": _PREFILL_FRESH_3, "mla_prefill": _PREFILL_FRESH_3,
                               "decode": _DECODE_FRESH_3},
-               "2026120303": {"decode": _DECODE_FRESH_4}}
-GRID_OF_DRAW = {"20261202": GRID_BY_1_5, "20261203": GRID_BY_1_5, "2026120302": GRID_BY_1_5, "2026120303": BUCKETS}
+               "2026120303": {"decode": _DECODE_FRESH_4},
+               "2026120304": {"decode": _DECODE_FRESH_5}}
+GRID_OF_DRAW = {"20261202": GRID_BY_1_5, "20261203": GRID_BY_1_5, "2026120302": GRID_BY_1_5, "2026120303": GRID_BY_1_2,
+                "2026120304": BUCKETS}
 FRESH = {op: tuple(p for draw in FRESH_DRAWS.values() for p in draw.get(op, ())) for op in BUCKETS}
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
     "prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
     "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
     "decode": ((1, 880), (5, 10000), (7, 1770), (10, 5000), (20, 2500), (40, 1250), (80, 3550), (160, 620))
-    + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3 + _DECODE_FRESH_4,
+    + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3 + _DECODE_FRESH_4 + _DECODE_FRESH_5,
 }
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 
