@@ -32,7 +32,7 @@ Rules:
   4.0.0b36 flash_attn/cute/interface.py:1631 "SplitKV not supported on SM 9.0", :1000-1001 pack_gqa, :411-413 the
   blocks; flash_fwd_sm90.py:403 min_blocks_per_mp=1 with 384 threads of 128-168 registers), so its time is about
   flat over the batches one wave of SMs holds and steps where batch x KV heads passes a multiple of the SM count
-  (`fa4_wave_ends`). No parameter is fitted.
+  (`workloads.wave_ends`). No parameter is fitted.
 
 The grid alone cannot judge `no_tiles`: a hidden point's tile loses the very length the tile reading needs. The
 shape scans can (`--scans`, benchmarks/results/*scan-*.jsonl): every scanned point off the grid is placed from the
@@ -64,15 +64,6 @@ RULES = ("interpolate", "least_worst_ratio", "any_length", "no_tiles", "no_graph
 # The backends read in the query's CUDA graph: as declared (backends.json), and by `graphs_all_vllm`.
 GRAPHS = declared_graph_batches()
 ALL_VLLM_GRAPHS = {b: tuple(capture_sizes()) for b in ("vllm_fa2", "vllm_fa3", "vllm_fa4")}
-
-
-def fa4_wave_ends(heads_kv: int, sms: int = fa3.SMS, top: int = max(W.DECODE_BATCHES)) -> tuple[int, ...]:
-    """The largest batch each wave of FA4's sm_90 decode blocks holds (one block per KV head of a sequence, one per
-    SM), up to past `top`: the batches fa4's time steps after, as `graph_reading_batch` reads captured sizes."""
-    ends = [sms // heads_kv]
-    while ends[-1] < top:
-        ends.append((len(ends) + 1) * sms // heads_kv)
-    return tuple(ends)
 
 
 def interior(points: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -142,7 +133,8 @@ def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float
     guess = sorted(order[:p.uncertain], key=lambda b: (worst(b), est[b]))
     more = added_waves(waves, batch, length, p.points) if waves and op == "decode" else 0
     stepped = {**est, fa3.BACKEND: est[fa3.BACKEND] * step ** more} if more > 0 and fa3.BACKEND in est else est
-    waves_fa4 = {**graphs, "fa4": fa4_wave_ends(rows[0][1])} if op == "decode" else graphs
+    # fa4 read as a backend is read in its CUDA graph, the ends of its waves standing for the captured sizes
+    waves_fa4 = {**graphs, "fa4": W.wave_ends(rows[0][1], max(W.DECODE_BATCHES))} if op == "decode" else graphs
     return {"interpolate": order,
             "least_worst_ratio": guess + order[p.uncertain:],
             "any_length": order_of(by_kind=False),

@@ -39,8 +39,7 @@ from .models import call_params, layer_ops
 
 # (batch, length): prefill length = tokens per sequence (query = key length); decode length = context.
 # Prefill batches a factor of 1.5 or 1.33 apart (1, 2, 3, 4, 6, 8, 12 ...): a kernel's split-KV and wave heuristics
-# turn on the number of sequences times heads against the SM count, and a factor-2 batch axis misses the turns
-# (decode at batch 12 ran 1.5x faster on fa2 than on vllm_fa3, where batch 8 and 16 had them within 6%). Decode
+# turn on the number of sequences times heads against the SM count, and a factor-2 batch axis misses the turns. Decode
 # batches a factor of about 1.2 apart (1 ... 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80 ...): a decode
 # kernel's split rule steps at single batches (upstream FA3's num_splits_heuristic adds a wave of thread blocks at
 # one batch and not the next, benchmarks/fa3_split_waves.py), and read off a scan of every batch
@@ -64,18 +63,30 @@ from .models import call_params, layer_ops
 # still not a smooth function of the shape (wave quantisation, tile steps), so benchmarks/regret.py reports beside
 # the selector's regret how the backends fastest at the grid points around a query (`around`) fare there. The grid is
 # kept small enough that a full sm_90 sweep of the installed backends over the presets fits in 30 minutes of one
-# H200; what it costs is in benchmarks/results/README.md (benchmarks/batch_axis.py weighs denser batch axes).
+# H200 (by its timed parts about 27, and an FA4 warm-up); what each part cost is in benchmarks/results/README.md
+# (benchmarks/batch_axis.py weighs denser batch axes).
 PREFILL_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 PREFILL_LENGTHS = [256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
 PREFILL_UNALIGNED = [n + 40 for n in PREFILL_LENGTHS if n <= 1024]
 DECODE_BATCHES_BY_1_2 = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160,
                          192, 224, 256]
 SMS = 132  # of the GPU the grid is timed on (an H200; an H100 SXM has as many)
-# the first batch past each wave of one thread block per KV head of a sequence over the SMs, for 8 and 4 KV heads
-# (the presets' commonest), up to 96
-WAVE_BATCHES = sorted({SMS * k // h + 1 for h in (8, 4) for k in range(1, 8) if SMS * k // h + 1 <= 96})
+
+
+def wave_ends(heads_kv: int, top: int, sms: int = SMS) -> tuple[int, ...]:
+    """The largest batch each wave of one thread block per KV head of a sequence, one block per SM, holds, up to
+    the first at or past `top`: a decode kernel's time steps one batch past each."""
+    ends = [sms // heads_kv]
+    while ends[-1] < top:
+        ends.append((len(ends) + 1) * sms // heads_kv)
+    return tuple(ends)
+
+
+# the first batch past each wave for 8 and 4 KV heads (the presets' commonest), up to 96
+WAVE_BATCHES = sorted({e + 1 for h in (8, 4) for e in wave_ends(h, 96) if e + 1 <= 96})
 DECODE_BATCHES = sorted(set(DECODE_BATCHES_BY_1_2) | set(WAVE_BATCHES))
-DECODE_BATCHES_BY_1_5 = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]  # earlier axes (GRID_OF_DRAW)
+# the batch axis the draws before 2026120303 were drawn on (GRID_OF_DRAW)
+DECODE_BATCHES_BY_1_5 = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
 DECODE_LENGTHS = [512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768]
 _PREFILL = tuple((b, s) for b, s in itertools.product(PREFILL_BATCHES, sorted(PREFILL_LENGTHS + PREFILL_UNALIGNED))
                  if b * s <= 65536)
@@ -87,10 +98,14 @@ def decode_grid(batches: list[int] | tuple[int, ...]) -> tuple[tuple[int, int], 
     return tuple((b, c) for b, c in itertools.product(batches, DECODE_LENGTHS) if b * c <= DECODE_CACHE_CAP)
 
 
-BUCKETS: dict[str, tuple[tuple[int, int], ...]] = {"prefill": _PREFILL, "mla_prefill": _PREFILL,
-                                                   "decode": decode_grid(DECODE_BATCHES)}
-GRID_BY_1_5 = {**BUCKETS, "decode": decode_grid(DECODE_BATCHES_BY_1_5)}
-GRID_BY_1_2 = {**BUCKETS, "decode": decode_grid(DECODE_BATCHES_BY_1_2)}
+def grid_of(decode_batches: list[int]) -> dict[str, tuple[tuple[int, int], ...]]:
+    """The bucket points per op with this decode batch axis (prefill's grid has one axis only so far)."""
+    return {"prefill": _PREFILL, "mla_prefill": _PREFILL, "decode": decode_grid(decode_batches)}
+
+
+BUCKETS = grid_of(DECODE_BATCHES)
+GRID_BY_1_5, GRID_BY_1_2 = grid_of(DECODE_BATCHES_BY_1_5), grid_of(DECODE_BATCHES_BY_1_2)
+GRID_WITH_WAVES = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83]))  # pinned: the fifth draw's, as drawn
 # Shapes inside the cells of the grid they were chosen on, never on a bucket point: batches between its batches (5, 7,
 # 10 ... on the factor-1.5 axis; batch 1 and 2, the grid's first values, on a grid line), lengths between grid lengths,
 # prefill's past a multiple of 64 but one (640, a multiple between 512 and 768), decode's near the middle (in log space)
@@ -129,7 +144,7 @@ FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_F
                "2026120303": {"decode": _DECODE_FRESH_4},
                "2026120304": {"decode": _DECODE_FRESH_5}}
 GRID_OF_DRAW = {"20261202": GRID_BY_1_5, "20261203": GRID_BY_1_5, "2026120302": GRID_BY_1_5, "2026120303": GRID_BY_1_2,
-                "2026120304": BUCKETS}
+                "2026120304": GRID_WITH_WAVES}
 FRESH = {op: tuple(p for draw in FRESH_DRAWS.values() for p in draw.get(op, ())) for op in BUCKETS}
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {

@@ -65,9 +65,10 @@ def test_main_writes_its_summary_and_names_a_missing_sm_count(tmp_path, capsys):
     grid = result["grids"][next(iter(A.GRIDS))]
     # batches 1-40 less the grid's 10 up to 32, less 33-40, past the last grid batch the scan reached
     assert grid["rules"]["interpolate"]["points"] == 22
-    # what a grid costs: its decode bucket points a layer call, the workload grid's as many as the sweep times
+    # what a grid costs: its decode bucket points a layer call; the factor-1.5 axis first, the workload grid's as
+    # many as the sweep times
     assert grid["decode_points"] == len(A.W.GRID_BY_1_5["decode"])
-    workload = result["grids"][list(A.GRIDS)[2]]
+    workload = next(g for g in result["grids"].values() if g["batches"] == A.W.DECODE_BATCHES)
     assert workload["batches"] == A.W.DECODE_BATCHES and workload["decode_points"] == len(A.W.BUCKETS["decode"])
     costs = [result["grids"][name]["decode_points"] for name in A.GRIDS]
     assert costs == sorted(costs) and len(set(costs)) == len(costs)  # each grid denser than the one before

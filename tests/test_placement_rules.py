@@ -130,18 +130,20 @@ def test_no_graphs_interpolates_a_backend_the_selector_reads_in_its_cuda_graph()
 
 def test_fa4_waves_reads_fa4_at_the_timed_batch_of_its_wave():
     R = _rules()
-    # 8 KV heads a sequence, one block per SM of 132: a wave holds 16 sequences, the next up to 33
-    assert R.fa4_wave_ends(8)[:3] == (16, 33, 49) and R.fa4_wave_ends(1) == (132, 264)
-    assert R.fa4_wave_ends(32, top=20) == (4, 8, 12, 16, 20)
-    # fa4 steps from one wave at 16 to two at 17 and is flat after; `grow` grows with the batch: interpolated
-    # between 16 and 20, fa4 looks faster at 17 than it is; read at 20, the first timed batch of its wave, it is not
+    from attnmatrix.selector_workloads import place
+
+    # 8 KV heads a sequence: a wave of 132 SMs holds 16 sequences, the next up to 33. fa4 steps from one wave at 16
+    # to two at 17 and is flat after; `grow` grows with the batch: interpolated between 16 and 20, fa4 looks faster
+    # at 17 than it is; read at 20, the first timed batch of its wave, it is not
     rows = [(32, 8, b, n, 1, tuple(sorted((("fa4", f), ("grow", g)), key=lambda t: t[1])))
-            for b, f, g in ((16, 1.0, 1.2), (20, 1.8, 1.5), (24, 1.8, 1.8)) for n in (4096, 6144)]
+            for b, f, g in ((16, 1.0, 1.2), (20, 1.8, 1.5), (24, 2.1, 1.8)) for n in (4096, 6144)]
     picks = R.rule_orders(rows, "decode", 17, 5218, 1.01, 1.01, graphs={})
     assert picks["interpolate"][0] == "fa4" and picks["fa4_waves"][0] == "grow"
-    # within one wave (between 20 and 24) it is interpolated like the others
-    at_22 = R.rule_orders(rows, "decode", 22, 5218, 1.01, 1.01, graphs={})
-    assert at_22["fa4_waves"] == at_22["interpolate"]
+    waves = {"fa4": R.W.wave_ends(8, 256)}
+    hints = {"batch_size": 17, "context_len": 5218}
+    assert place(rows, "decode", hints, graphs=waves).graphed == (("fa4", 20),)
+    # between two timed batches of one wave (20 and 24) it is interpolated like the others
+    assert place(rows, "decode", {**hints, "batch_size": 22}, graphs=waves).graphed == ()
 
 
 def test_fa3_split_waves_reads_vllm_fa3_slower_where_its_split_rule_adds_a_wave():

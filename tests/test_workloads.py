@@ -250,6 +250,14 @@ def test_new_points_only_times_what_the_committed_files_do_not_hold(tmp_path, mo
     assert all(r["new_points_only"] for r in rows if r["set"] == "done")
 
 
+def test_decode_times_the_first_batch_past_each_wave_of_the_sms():
+    # one thread block per KV head of a sequence, one per SM of 132: 8 KV heads fill a wave with 16 sequences
+    assert W.wave_ends(8, 40) == (16, 33, 49) and W.wave_ends(1, 256) == (132, 264)
+    assert W.wave_ends(32, 20) == (4, 8, 12, 16, 20)
+    assert W.WAVE_BATCHES == [17, 34, 50, 67, 83] and set(W.WAVE_BATCHES) <= set(W.DECODE_BATCHES)
+    assert len(W.BUCKETS["decode"]) == 375 and W.GRID_OF_DRAW["2026120304"]["decode"] == W.BUCKETS["decode"]
+
+
 def test_around_is_the_grid_cell_of_a_point():
     assert W.around("decode", 9, 896) == ((8, 768), (8, 1024), (10, 768), (10, 1024))
     assert W.around("decode", 5, 896, W.GRID_BY_1_5) == ((4, 768), (4, 1024), (6, 768), (6, 1024))  # another grid
