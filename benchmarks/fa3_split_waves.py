@@ -33,7 +33,7 @@ SCANS = ("scan-sm_90-h200-20261203-3-decode-batch-vllm-graph.jsonl",
 # The committed summary of those scans (`-o`): what one more wave costs vllm_fa3, as benchmarks/placement_rules.py
 # reads it.
 SUMMARY = RESULTS / "fa3-split-waves-sm_90-h200-20261203.json"
-SMS = 132  # the H200's
+SMS = W.SMS  # of the GPU the scans ran on, as the workload grid's
 FILL = 0.8  # blocks that fill this share of the SMs run unsplit
 EFFICIENCY = 0.85  # the fewest splits at least this share as full as the fullest
 BACKEND = "vllm_fa3"
