@@ -37,8 +37,9 @@ NEIGHBOURS = 4
 # decoder asks (`workload_features`: the key of a cell's timings).
 MASK_FREE_OPS = {"decode": "causal"}
 # FA4 runs fastest at sequence lengths that are a multiple of 64 and up to 2.2x slower just past one, where other
-# kernels step at their own tiles: the workload grid times short prefill lengths of both kinds (matrix/workloads.py
-# PREFILL_UNALIGNED), and a query is placed from the timed lengths of its own kind (`series`).
+# kernels step at their own tiles: the workload grid times short prefill lengths and decode contexts of both kinds
+# (matrix/workloads.py PREFILL_UNALIGNED, DECODE_UNALIGNED), and a query is placed from the timed lengths of its own
+# kind (`series`).
 LENGTH_ALIGNMENT = 64
 # cuDNN's prefill takes the same time at every length from just past a multiple of 128 to the next multiple (it
 # computes whole 128-token tiles; benchmarks/results/scan-sm_90-h200-20261202-prefill-b40.jsonl at head dim 128,
@@ -85,7 +86,7 @@ def series(points, length, batch=None):
     multiple of LENGTH_ALIGNMENT and some are not, those of the query's kind; a length that is no multiple past the
     longest such timed length (at the query's batch where that is a timed batch: the token cap ends some batches'
     earlier) is placed from the multiples beyond it, as the grid times the other kind only where a partial tile is
-    a large share of the work. Every point where the length is not given or the grid has one kind only (decode)."""
+    a large share of the work. Every point where the length is not given or the timed points are of one kind only."""
     points = list(points)
     odd = [p for p in points if p[1] % LENGTH_ALIGNMENT]
     if length is None or not odd or len(odd) == len(points):
@@ -285,7 +286,7 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graph
         at = {p: weights[p] for p in weights if b in timed[p]}  # a backend not timed at a point: from the others
         est[b] = log_mean(at, {p: timed[p][b] for p in at})
     graphed = graph_readings(by_point, batch, length, graphs) if graphs and op in GRAPH_OPS else {}
-    # a backend read in its graph is not also read off its tile (decode's timed lengths are all multiples of 64)
+    # a backend read in its graph is not also read off its tile
     tiled = {b: ms for b, ms in (tile_readings(every, batch, length, spread) if tiles else {}).items()
              if b not in graphed}
     est.update(tiled)

@@ -10,8 +10,9 @@ scored against the fastest backend timed there (regret, as benchmarks/regret.py 
 
 Grids: the factor-1.5 batch axis the workload grid had first, the workload grid's, and denser ones; what a denser
 grid buys is read off the same scan, and what it costs is its decode bucket points a layer call
-(`workloads.decode_grid`: batches x DECODE_LENGTHS within the cache cap) against the factor-1.5 axis's: a sweep's
-GPU time grows with them.
+(`workloads.decode_grid`: batches x DECODE_LENGTHS, the grid's contexts that are multiples of 64, within the cache
+cap) against the factor-1.5 axis's: a sweep's GPU time grows with them. The grid's contexts past a multiple
+(DECODE_UNALIGNED) and past a layer's window (`workloads.layer_buckets`) add to every axis by its batches alike.
 
 Rules:
 - `interpolate`: each backend's time log-linear in the batch between the two grid batches

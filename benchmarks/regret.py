@@ -80,10 +80,10 @@ def sweep(args: argparse.Namespace) -> int:
         raise SystemExit(f"--ops {args.ops}: unknown op(s) {', '.join(sorted(ops - set(W.BUCKETS)))} "
                          f"(known: {', '.join(W.BUCKETS)})")
     sets = ["held_out"] if args.held_out_only else SETS
-    only = parse_points(args.points, ops or set(W.BUCKETS), sets) if args.points is not None else None
+    layers = W.load_presets(presets_path(args.presets))
+    only = parse_points(args.points, ops or set(W.BUCKETS), sets, layers) if args.points is not None else None
     points_key = ",".join(f"{b}x{n}" for b, n in sorted(only)) if only else None  # the `done` rows' form
     backends, device, arch, device_name = load_device_backends(args.backends)
-    layers = W.load_presets(presets_path(args.presets))
     # Layers the kernel cannot tell apart (same heads, head dims, features, window, and called alike: vLLM plans
     # FA3's schedule only for a model of one window size) are timed once; the row names every layer it stands for
     # (`layers`).
@@ -128,7 +128,7 @@ def sweep(args: argparse.Namespace) -> int:
         for k, (layer, op, same_layers) in enumerate(work, 1):
             if (layer.name, op) in done:
                 continue
-            points = tuple((kind, tuple(p for p in (W.BUCKETS if kind == "bucket" else W.HELD_OUT)[op]
+            points = tuple((kind, tuple(p for p in (W.layer_buckets(layer, op) if kind == "bucket" else W.HELD_OUT[op])
                                         if (layer.name, op, kind, *p) not in known and (only is None or p in only)))
                            for kind in sets)
             if not any(at for _, at in points):
@@ -145,20 +145,22 @@ def sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_points(text: str, ops: set[str], sets: list[str]) -> set[tuple[int, int]]:
+def parse_points(text: str, ops: set[str], sets: list[str], layers: list) -> set[tuple[int, int]]:
     """`--points` ("BATCHxLENGTH,...") as a set of (batch, length), each one a point of `sets` (bucket, held_out)
-    of one of `ops`: a point the sweep would not time is refused, not skipped."""
+    of one of `ops` for one of `layers` (`workloads.layer_buckets`): a point the sweep would not time is refused, not
+    skipped."""
     out = set()
     for item in text.split(","):
         b, sep, n = item.strip().partition("x")
         if not (sep and b.isdigit() and n.isdigit() and int(b) > 0 and int(n) > 0):
             raise SystemExit(f"--points {text}: {item!r} is not BATCHxLENGTH (e.g. 20x22349)")
         out.add((int(b), int(n)))
-    timed = {p for op in ops for kind in sets for p in (W.BUCKETS if kind == "bucket" else W.HELD_OUT)[op]}
+    timed = {p for op in ops for kind in sets for ly in layers
+             for p in (W.layer_buckets(ly, op) if kind == "bucket" else W.HELD_OUT[op])}
     if out - timed:
         raise SystemExit(f"--points {text}: {', '.join(f'{b}x{n}' for b, n in sorted(out - timed))} is no "
-                         f"{' or '.join(sets)} point of {', '.join(sorted(ops))} (matrix/workloads.py BUCKETS, "
-                         f"HELD_OUT)")
+                         f"{' or '.join(sets)} point of {', '.join(sorted(ops))} (matrix/workloads.py "
+                         f"layer_buckets, HELD_OUT)")
     return out
 
 
@@ -190,32 +192,34 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
     it says it cannot tell apart."""
     checks = {(r["backend"], r["layer"], r["op"], dtype_of(r)): r for r in rows if r["set"] == "check"}
     ok = {k for k, r in checks.items() if r["outcome"] == "pass"}
-    times: dict[tuple, float] = {}  # (backend, layer, op, dtype, set, batch, length) -> ms
+    # (layer, op, dtype, set, batch, length) -> backend -> ms
+    times: dict[tuple, dict[str, float]] = {}
     for r in rows:
         key = (r.get("backend"), r.get("layer"), r.get("op"), dtype_of(r))
         if r["set"] in ("bucket", "held_out") and r["outcome"] == "pass" and key in ok:
-            times[(*key, r["set"], r["batch"], r["length"])] = r["ms"]
+            times.setdefault((*key[1:], r["set"], r["batch"], r["length"]), {})[key[0]] = r["ms"]
     # each timed row once (not once per layer it stands for), of the backends that passed their check
     spread = W.noise([r for r in rows if (r.get("backend"), r.get("layer"), r.get("op"), dtype_of(r)) in ok
                       and r["layer"] == (r.get("layers") or [r["layer"]])[0]])
     band = spread["p90"] or 1.0
 
     workloads = sorted({(r["layer"], r["op"], dtype_of(r)) for r in rows if r["set"] == "check"})
+    bucket_points: dict[tuple, list[tuple[int, int]]] = {}  # the grid's and the layer's own (`layer_buckets`)
+    for k in sorted(times):
+        if k[3] == "bucket":
+            bucket_points.setdefault(k[:3], []).append(k[4:])
     rankings, queries = {}, []
     for layer, op, dtype in workloads:
         name = f"{layer} {op}" + ("" if dtype == DTYPE else f" {dtype}")  # the default dtype's names: no suffix
-        for batch, length in W.BUCKETS[op]:
-            cands = sorted((t, k[0]) for k, t in times.items()
-                           if k[1:] == (layer, op, dtype, "bucket", batch, length))
-            if not cands:
-                continue
+        for batch, length in bucket_points.get((layer, op, dtype), ()):  # the grid's, and the layer's own
+            cands = sorted((t, b) for b, t in times[(layer, op, dtype, "bucket", batch, length)].items())
             best = cands[0][0]
             rankings[f"{name} {bucket_label(op, batch, length)}"] = {
                 "order": [[b, round(t, 5)] for t, b in cands],
                 "tie_within_noise": [b for t, b in cands if t / best <= band],
             }
         for batch, length in W.HELD_OUT[op]:
-            here = {k[0]: t for k, t in times.items() if k[1:] == (layer, op, dtype, "held_out", batch, length)}
+            here = times.get((layer, op, dtype, "held_out", batch, length), {})
             if not here:
                 continue
             bb, bl = bucket_of(op, batch, length)
@@ -237,7 +241,7 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
                      lost_us=round((here[pick] - fastest) * 1e3, 2) if pick else None, fastest_ms=fastest)
             # The corner winners' best: of the backends fastest at a bucket point around the query (among those
             # timed here too), the one fastest here. Above 1 where the order at the query is one no point around shows.
-            near = [{k[0]: t for k, t in times.items() if k[1:] == (layer, op, dtype, "bucket", *p) and k[0] in here}
+            near = [{b: t for b, t in times.get((layer, op, dtype, "bucket", *p), {}).items() if b in here}
                     for p in W.around(op, batch, length)]
             winners = {min(at, key=at.get) for at in near if at}
             q["nearby_winners_best"] = round(min(here[b] for b in winners) / fastest, 4) if winners else None

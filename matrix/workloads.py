@@ -25,6 +25,7 @@ from pathlib import Path
 from statistics import median
 
 from attnmatrix.selector_workloads import (
+    LENGTH_ALIGNMENT,
     bracket,
     interpolation_weights,
     log_mean,
@@ -59,11 +60,20 @@ from .models import call_params, layer_ops
 # Prefill lengths up to 1024 are also timed 40 tokens past each (PREFILL_UNALIGNED): FA4 runs fastest at lengths
 # that are a multiple of LENGTH_ALIGNMENT (64) and up to 2.2x slower at a length past one
 # (benchmarks/results/scan-sm_90-h200-20261202-prefill-*.jsonl), and an engine's prompts mostly are not. A query
-# is placed from the timed lengths of its own kind (selector_workloads.series). Between points a kernel's time is
-# still not a smooth function of the shape (wave quantisation, tile steps), so benchmarks/regret.py reports beside
-# the selector's regret how the backends fastest at the grid points around a query (`around`) fare there. The grid is
-# kept small enough that a full sm_90 sweep of the installed backends over the presets fits in 30 minutes of one
-# H200; what each of its timed parts cost is in benchmarks/results/README.md (benchmarks/batch_axis.py weighs denser
+# is placed from the timed lengths of its own kind (selector_workloads.series). Decode contexts up to 1024 likewise
+# (DECODE_UNALIGNED): a cache is as seldom a multiple of 64 tokens as a prompt, and a kernel can run faster at one
+# than at the contexts around it (cuDNN, gemma-3-1b global, one sequence: 12.1 us at 768 cached tokens, 12.2 at 880,
+# 9.2 at 1024), so a grid of multiples alone reads it too fast between them.
+#
+# A decode step of a sliding-window layer is also timed at the first multiple of 64 past the window (`past_window`,
+# `layer_buckets`): past it the step attends the window's keys alone, and FlashAttention's kernels take about the same
+# time at every context beyond it but step up right past it (mistral-7b sliding, vllm_fa3: 166 us at 34 sequences of its
+# window of 4096 cached tokens, 209 at 34 of 6144, 199.5 at 35 of 4310), where cuDNN's time keeps growing; read between
+# the window and the next grid context (a factor of 1.5 on), that step is smeared over the gap. Between points a
+# kernel's time is still not a smooth function of the shape (wave quantisation, tile steps), so benchmarks/regret.py
+# reports beside the selector's regret how the backends fastest at the grid points around a query (`around`) fare there.
+# The grid is kept small enough that a full sm_90 sweep of the installed backends over the presets fits in 30 minutes of
+# one H200; what each of its timed parts cost is in benchmarks/results/README.md (benchmarks/batch_axis.py weighs denser
 # batch axes).
 PREFILL_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 PREFILL_LENGTHS = [256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
@@ -88,24 +98,52 @@ DECODE_BATCHES = sorted(set(DECODE_BATCHES_BY_1_2) | set(WAVE_BATCHES))
 # the batch axis the draws before 2026120303 were drawn on (GRID_OF_DRAW)
 DECODE_BATCHES_BY_1_5 = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
 DECODE_LENGTHS = [512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768]
+DECODE_UNALIGNED = [n + 40 for n in DECODE_LENGTHS if n <= 1024]
 _PREFILL = tuple((b, s) for b, s in itertools.product(PREFILL_BATCHES, sorted(PREFILL_LENGTHS + PREFILL_UNALIGNED))
                  if b * s <= 65536)
 DECODE_CACHE_CAP = 2**20  # cached tokens of one decode step, at most
 
 
-def decode_grid(batches: list[int] | tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """The decode bucket points of a batch axis: its product with DECODE_LENGTHS, within DECODE_CACHE_CAP."""
-    return tuple((b, c) for b, c in itertools.product(batches, DECODE_LENGTHS) if b * c <= DECODE_CACHE_CAP)
+def decode_grid(batches: list[int] | tuple[int, ...],
+                lengths: list[int] | tuple[int, ...] = DECODE_LENGTHS) -> tuple[tuple[int, int], ...]:
+    """The decode bucket points of a batch axis: its product with the context lengths, within DECODE_CACHE_CAP."""
+    return tuple((b, c) for b, c in itertools.product(batches, sorted(lengths)) if b * c <= DECODE_CACHE_CAP)
 
 
-def grid_of(decode_batches: list[int]) -> dict[str, tuple[tuple[int, int], ...]]:
-    """The bucket points per op with this decode batch axis (prefill's grid has one axis only so far)."""
-    return {"prefill": _PREFILL, "mla_prefill": _PREFILL, "decode": decode_grid(decode_batches)}
+def grid_of(decode_batches: list[int], decode_lengths: list[int] | tuple[int, ...] = DECODE_LENGTHS,
+            ) -> dict[str, tuple[tuple[int, int], ...]]:
+    """The bucket points per op with this decode batch and context axis (prefill's grid is fixed so far)."""
+    return {"prefill": _PREFILL, "mla_prefill": _PREFILL, "decode": decode_grid(decode_batches, decode_lengths)}
 
 
-BUCKETS = grid_of(DECODE_BATCHES)
+BUCKETS = grid_of(DECODE_BATCHES, DECODE_LENGTHS + DECODE_UNALIGNED)
 GRID_BY_1_5, GRID_BY_1_2 = grid_of(DECODE_BATCHES_BY_1_5), grid_of(DECODE_BATCHES_BY_1_2)
 GRID_WITH_WAVES = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83]))  # pinned: the fifth draw's, as drawn
+# pinned: the sixth draw's, as drawn (decode contexts up to 1024 also 40 tokens past each)
+GRID_WITH_UNALIGNED = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83]),
+                              [512, 552, 768, 808, 1024, 1064, *DECODE_LENGTHS[3:]])
+
+
+def past_window(window: int | None) -> int | None:
+    """The first context length past a sliding window that a decode step of the layer is also timed at (a multiple
+    of LENGTH_ALIGNMENT, as the grid's lengths), or None: no window, or one the decode grid's contexts do not
+    straddle (a window under its shortest context: every timed context is past it already)."""
+    if window is None:
+        return None
+    length = (window // LENGTH_ALIGNMENT + 1) * LENGTH_ALIGNMENT
+    lengths = {n for _, n in BUCKETS["decode"]}
+    return length if min(lengths) < length < max(lengths) and length not in lengths else None
+
+
+def layer_buckets(layer: Layer, op: str) -> tuple[tuple[int, int], ...]:
+    """The bucket points a layer's `op` is timed at: the grid's, and for a decode step of a sliding-window layer also
+    the first length past its window (`past_window`) at every grid batch within the cache cap."""
+    points = BUCKETS[op]
+    past = past_window(layer.window) if op == "decode" else None
+    if past is None:
+        return points
+    batches = sorted({b for b, _ in points})
+    return tuple(sorted(points + decode_grid(batches, [past])))
 # Shapes inside the cells of the grid they were chosen on, never on a bucket point: batches between its batches (5, 7,
 # 10 ... on the factor-1.5 axis; batch 1 and 2, the grid's first values, on a grid line), lengths between grid lengths,
 # prefill's past a multiple of 64 but one (640, a multiple between 512 and 768), decode's near the middle (in log space)
@@ -136,22 +174,28 @@ _DECODE_FRESH_4 = ((13, 27861), (17, 5218), (19, 5525), (19, 18184), (35, 4310),
 _DECODE_FRESH_5 = ((9, 1281), (11, 1825), (23, 2926), (23, 5727), (60, 3269), (76, 1326), (76, 3175), (89, 5552),
                    (105, 826), (141, 2487), (173, 3967), (183, 1895), (188, 2925), (203, 2633), (203, 2998),
                    (231, 2896))
+# The sixth, drawn with decode's contexts past a multiple of 64 (DECODE_UNALIGNED) in the grid and the contexts past
+# each window (`layer_buckets`) chosen, before either was timed: draw_shapes(2026120401, {"decode": 24}).
+_DECODE_FRESH_6 = ((9, 1335), (9, 1653), (11, 706), (11, 862), (13, 1016), (18, 10338), (19, 17384), (21, 6035),
+                   (22, 593), (22, 7510), (22, 28273), (25, 4541), (27, 9300), (31, 11323), (33, 1772), (51, 767),
+                   (54, 7316), (57, 3282), (79, 3308), (82, 894), (88, 828), (105, 6607), (108, 2223), (121, 4956))
 # draw (its seed) -> op -> shapes, oldest first; FRESH: every draw's shapes per op
 FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_FRESH, "decode": _DECODE_FRESH},
                "20261203": {"decode": _DECODE_FRESH_GRAPHS},
                "2026120302": {"prefill": _PREFILL_FRESH_3, "mla_prefill": _PREFILL_FRESH_3,
                               "decode": _DECODE_FRESH_3},
                "2026120303": {"decode": _DECODE_FRESH_4},
-               "2026120304": {"decode": _DECODE_FRESH_5}}
+               "2026120304": {"decode": _DECODE_FRESH_5},
+               "2026120401": {"decode": _DECODE_FRESH_6}}
 GRID_OF_DRAW = {"20261202": GRID_BY_1_5, "20261203": GRID_BY_1_5, "2026120302": GRID_BY_1_5, "2026120303": GRID_BY_1_2,
-                "2026120304": GRID_WITH_WAVES}
+                "2026120304": GRID_WITH_WAVES, "2026120401": GRID_WITH_UNALIGNED}
 FRESH = {op: tuple(p for draw in FRESH_DRAWS.values() for p in draw.get(op, ())) for op in BUCKETS}
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
     "prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
     "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
     "decode": ((1, 880), (5, 10000), (7, 1770), (10, 5000), (20, 2500), (40, 1250), (80, 3550), (160, 620))
-    + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3 + _DECODE_FRESH_4 + _DECODE_FRESH_5,
+    + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3 + _DECODE_FRESH_4 + _DECODE_FRESH_5 + _DECODE_FRESH_6,
 }
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 
