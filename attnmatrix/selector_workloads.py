@@ -37,9 +37,8 @@ NEIGHBOURS = 4
 # decoder asks (`workload_features`: the key of a cell's timings).
 MASK_FREE_OPS = {"decode": "causal"}
 # FA4 runs fastest at sequence lengths that are a multiple of 64 and up to 2.2x slower just past one, where other
-# kernels step at their own tiles: the workload grid times short prefill lengths and decode contexts of both kinds
-# (matrix/workloads.py PREFILL_UNALIGNED, DECODE_UNALIGNED), and a query is placed from the timed lengths of its own
-# kind (`series`).
+# kernels step at their own tiles: the workload grid times short prefill lengths of both kinds (matrix/workloads.py
+# PREFILL_UNALIGNED), and a query is placed from the timed lengths of its own kind (`series`).
 LENGTH_ALIGNMENT = 64
 # cuDNN's prefill takes the same time at every length from just past a multiple of 128 to the next multiple (it
 # computes whole 128-token tiles; benchmarks/results/scan-sm_90-h200-20261202-prefill-b40.jsonl at head dim 128,

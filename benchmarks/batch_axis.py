@@ -10,9 +10,9 @@ scored against the fastest backend timed there (regret, as benchmarks/regret.py 
 
 Grids: the factor-1.5 batch axis the workload grid had first, the workload grid's, and denser ones; what a denser
 grid buys is read off the same scan, and what it costs is its decode bucket points a layer call
-(`workloads.decode_grid`: batches x DECODE_LENGTHS, the grid's contexts that are multiples of 64, within the cache
-cap) against the factor-1.5 axis's: a sweep's GPU time grows with them. The grid's contexts past a multiple
-(DECODE_UNALIGNED) and past a layer's window (`workloads.layer_buckets`) add to every axis by its batches alike.
+(`workloads.decode_grid`: batches x DECODE_LENGTHS within the cache cap) against the factor-1.5 axis's: a sweep's
+GPU time grows with them. A sliding-window layer's context past its window (`workloads.layer_buckets`) adds one point
+a batch to every axis alike.
 
 Rules:
 - `interpolate`: each backend's time log-linear in the batch between the two grid batches
@@ -44,7 +44,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 GRIDS = {
     "a factor of 1.5 or 1.33 (matrix/workloads.py DECODE_BATCHES_BY_1_5)": tuple(W.DECODE_BATCHES_BY_1_5),
     "a factor of about 1.2 (matrix/workloads.py DECODE_BATCHES_BY_1_2)": tuple(W.DECODE_BATCHES_BY_1_2),
-    "workload grid: a factor of about 1.2 and the first batch past each wave for 8 and 4 KV heads "
+    "workload grid: a factor of about 1.2 and the first batch past each of the first six waves for 8 and 4 KV heads "
     "(matrix/workloads.py DECODE_BATCHES)": tuple(W.DECODE_BATCHES),
     "every 2nd batch to 40, every 8th beyond": (1, *range(2, 41, 2), *range(48, 257, 8)),
     "every batch to 40, every 8th beyond": (*range(1, 41), *range(48, 257, 8)),

@@ -46,7 +46,8 @@ from .models import call_params, layer_ops
 # one batch and not the next, benchmarks/fa3_split_waves.py), and read off a scan of every batch
 # (benchmarks/batch_axis.py) this axis leaves 12 of 1,664 scanned batches over 1.10x the fastest where the
 # factor-1.5 axis (DECODE_BATCHES_BY_1_5) left 32 of 2,132, for 1.73x its decode points. Decode also times the first
-# batch past each wave of thread blocks over the SMs for 8 and 4 KV heads (WAVE_BATCHES: 17, 34, 50, 67, 83): on sm_90
+# batch past each of the first six waves of thread blocks over the SMs for 8 and 4 KV heads (WAVE_BATCHES: 17, 34, 50,
+# 67, 83, 100, 133, 166, 199; one more wave costs a sixth or more of the step there, less beyond): on sm_90
 # FA4 runs a decode step unsplit, one block per KV head of a sequence and one per SM, and every backend's time steps
 # there (16 to 17 sequences of 8 KV heads: fa4 1.6x, vllm_fa3 1.7x; benchmarks/placement_rules.py fa4_waves); on the
 # batch scan they leave 7 of 1,560 batches over 1.10x, for 375 decode points a layer call. Prefill lengths a
@@ -60,10 +61,10 @@ from .models import call_params, layer_ops
 # Prefill lengths up to 1024 are also timed 40 tokens past each (PREFILL_UNALIGNED): FA4 runs fastest at lengths
 # that are a multiple of LENGTH_ALIGNMENT (64) and up to 2.2x slower at a length past one
 # (benchmarks/results/scan-sm_90-h200-20261202-prefill-*.jsonl), and an engine's prompts mostly are not. A query
-# is placed from the timed lengths of its own kind (selector_workloads.series). Decode contexts up to 1024 likewise
-# (DECODE_UNALIGNED): a cache is as seldom a multiple of 64 tokens as a prompt, and a kernel can run faster at one
-# than at the contexts around it (cuDNN, gemma-3-1b global, one sequence: 12.1 us at 768 cached tokens, 12.2 at 880,
-# 9.2 at 1024), so a grid of multiples alone reads it too fast between them.
+# is placed from the timed lengths of its own kind (selector_workloads.series). Decode contexts are multiples of 64
+# alone: timed 40 tokens past 512, 768 and 1024 too, they placed the sixth held-out draw's decode queries worse than
+# the multiples alone (benchmarks/results/decode-unaligned-sm_90-h200-20261204.jsonl, README there): 40 tokens past a
+# multiple is one phase of a kernel's tile, and a cache's length is any.
 #
 # A decode step of a sliding-window layer is also timed at the first multiple of 64 past the window (`past_window`,
 # `layer_buckets`): past it the step attends the window's keys alone, and FlashAttention's kernels take about the same
@@ -93,12 +94,11 @@ def wave_ends(heads_kv: int, top: int, sms: int = SMS) -> tuple[int, ...]:
 
 
 # the first batch past each wave for 8 and 4 KV heads (the presets' commonest), up to 96
-WAVE_BATCHES = sorted({e + 1 for h in (8, 4) for e in wave_ends(h, 96) if e + 1 <= 96})
+WAVE_BATCHES = sorted({e + 1 for h in (8, 4) for e in wave_ends(h, 256)[:6]})
 DECODE_BATCHES = sorted(set(DECODE_BATCHES_BY_1_2) | set(WAVE_BATCHES))
 # the batch axis the draws before 2026120303 were drawn on (GRID_OF_DRAW)
 DECODE_BATCHES_BY_1_5 = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
 DECODE_LENGTHS = [512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768]
-DECODE_UNALIGNED = [n + 40 for n in DECODE_LENGTHS if n <= 1024]
 _PREFILL = tuple((b, s) for b, s in itertools.product(PREFILL_BATCHES, sorted(PREFILL_LENGTHS + PREFILL_UNALIGNED))
                  if b * s <= 65536)
 DECODE_CACHE_CAP = 2**20  # cached tokens of one decode step, at most
@@ -116,12 +116,13 @@ def grid_of(decode_batches: list[int], decode_lengths: list[int] | tuple[int, ..
     return {"prefill": _PREFILL, "mla_prefill": _PREFILL, "decode": decode_grid(decode_batches, decode_lengths)}
 
 
-BUCKETS = grid_of(DECODE_BATCHES, DECODE_LENGTHS + DECODE_UNALIGNED)
+BUCKETS = grid_of(DECODE_BATCHES)
 GRID_BY_1_5, GRID_BY_1_2 = grid_of(DECODE_BATCHES_BY_1_5), grid_of(DECODE_BATCHES_BY_1_2)
 GRID_WITH_WAVES = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83]))  # pinned: the fifth draw's, as drawn
-# pinned: the sixth draw's, as drawn (decode contexts up to 1024 also 40 tokens past each)
+# pinned: the sixth draw's, as drawn (decode contexts up to 1024 also 40 tokens past each), and the seventh's
 GRID_WITH_UNALIGNED = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83]),
                               [512, 552, 768, 808, 1024, 1064, *DECODE_LENGTHS[3:]])
+GRID_WITH_SIX_WAVES = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83, 100, 133, 166, 199]))
 
 
 def past_window(window: int | None) -> int | None:
@@ -174,11 +175,17 @@ _DECODE_FRESH_4 = ((13, 27861), (17, 5218), (19, 5525), (19, 18184), (35, 4310),
 _DECODE_FRESH_5 = ((9, 1281), (11, 1825), (23, 2926), (23, 5727), (60, 3269), (76, 1326), (76, 3175), (89, 5552),
                    (105, 826), (141, 2487), (173, 3967), (183, 1895), (188, 2925), (203, 2633), (203, 2998),
                    (231, 2896))
-# The sixth, drawn with decode's contexts past a multiple of 64 (DECODE_UNALIGNED) in the grid and the contexts past
-# each window (`layer_buckets`) chosen, before either was timed: draw_shapes(2026120401, {"decode": 24}).
+# The sixth, drawn with decode contexts 40 tokens past 512, 768 and 1024 in the grid and the contexts past each window
+# (`layer_buckets`) chosen, before either was timed: draw_shapes(2026120401, {"decode": 24}).
 _DECODE_FRESH_6 = ((9, 1335), (9, 1653), (11, 706), (11, 862), (13, 1016), (18, 10338), (19, 17384), (21, 6035),
                    (22, 593), (22, 7510), (22, 28273), (25, 4541), (27, 9300), (31, 11323), (33, 1772), (51, 767),
                    (54, 7316), (57, 3282), (79, 3308), (82, 894), (88, 828), (105, 6607), (108, 2223), (121, 4956))
+# The seventh, drawn with the batches past the first six waves (WAVE_BATCHES: 100, 133, 166 and 199 added) in the
+# grid, before they were timed: draw_shapes(2026120402, {"decode": 24}).
+_DECODE_FRESH_7 = ((9, 5975), (11, 10845), (18, 2614), (25, 2901), (26, 5732), (26, 29826), (27, 5455), (33, 2136),
+                   (52, 2269), (61, 6759), (63, 1440), (65, 655), (79, 9992), (103, 2794), (104, 789), (109, 4907),
+                   (110, 5671), (117, 4937), (131, 2972), (150, 744), (152, 1209), (188, 4092), (223, 1806),
+                   (233, 3198))
 # draw (its seed) -> op -> shapes, oldest first; FRESH: every draw's shapes per op
 FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_FRESH, "decode": _DECODE_FRESH},
                "20261203": {"decode": _DECODE_FRESH_GRAPHS},
@@ -186,16 +193,18 @@ FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_F
                               "decode": _DECODE_FRESH_3},
                "2026120303": {"decode": _DECODE_FRESH_4},
                "2026120304": {"decode": _DECODE_FRESH_5},
-               "2026120401": {"decode": _DECODE_FRESH_6}}
+               "2026120401": {"decode": _DECODE_FRESH_6},
+               "2026120402": {"decode": _DECODE_FRESH_7}}
 GRID_OF_DRAW = {"20261202": GRID_BY_1_5, "20261203": GRID_BY_1_5, "2026120302": GRID_BY_1_5, "2026120303": GRID_BY_1_2,
-                "2026120304": GRID_WITH_WAVES, "2026120401": GRID_WITH_UNALIGNED}
+                "2026120304": GRID_WITH_WAVES, "2026120401": GRID_WITH_UNALIGNED, "2026120402": GRID_WITH_SIX_WAVES}
 FRESH = {op: tuple(p for draw in FRESH_DRAWS.values() for p in draw.get(op, ())) for op in BUCKETS}
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
     "prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
     "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
     "decode": ((1, 880), (5, 10000), (7, 1770), (10, 5000), (20, 2500), (40, 1250), (80, 3550), (160, 620))
-    + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3 + _DECODE_FRESH_4 + _DECODE_FRESH_5 + _DECODE_FRESH_6,
+    + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3 + _DECODE_FRESH_4 + _DECODE_FRESH_5 + _DECODE_FRESH_6
+    + _DECODE_FRESH_7,
 }
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 

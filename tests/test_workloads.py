@@ -21,7 +21,7 @@ def test_every_point_has_a_bucket_and_held_out_points_are_not_buckets():
         for p in W.HELD_OUT[op]:
             assert p not in points
             assert W.bucket_of(op, *p) in points
-    assert W.bucket_of("decode", 230, 600) == (224, 552) and W.bucket_of("decode", 230, 640) == (224, 768)  # its kind
+    assert W.bucket_of("decode", 230, 600) == (224, 512)
     assert W.bucket_of("prefill", 5, 5000) == (6, 4096)
     assert W.bucket_of("prefill", 4, 300) == (4, 296) and W.bucket_of("prefill", 4, 320) == (4, 384)  # its kind
     # every held-out point is within a factor of sqrt(2) (and a little) of its bucket on both axes, and on the grid
@@ -58,8 +58,8 @@ def test_each_fresh_draw_is_draw_shapes_of_its_seed_given_the_shapes_held_out_be
     # a draw is never on a grid batch or length, at a multiple of 64, over the token cap or already held out
     drawn = W.draw_shapes(7, {"decode": 30})["decode"]
     assert len(set(drawn)) == 30 and not set(drawn) & set(W.HELD_OUT["decode"])
-    assert all(b * n <= 2**20 and n % 64 and b not in W.DECODE_BATCHES
-               and n not in W.DECODE_LENGTHS + W.DECODE_UNALIGNED for b, n in drawn)
+    assert all(b * n <= 2**20 and n % 64 and b not in W.DECODE_BATCHES and n not in W.DECODE_LENGTHS
+               for b, n in drawn)
     monkeypatch.setattr(W, "_DRAW_TRIES", 3)  # a count the draws cannot reach fails instead of drawing forever
     with pytest.raises(ValueError, match=r"decode: \d of 4 shapes after 3 draws \(seed 7\)"):
         W.draw_shapes(7, {"decode": 4})
@@ -254,14 +254,14 @@ def test_decode_times_the_first_batch_past_each_wave_of_the_sms():
     # one thread block per KV head of a sequence, one per SM of 132: 8 KV heads fill a wave with 16 sequences
     assert W.wave_ends(8, 40) == (16, 33, 49) and W.wave_ends(1, 256) == (132, 264)
     assert W.wave_ends(32, 20) == (4, 8, 12, 16, 20)
-    assert W.WAVE_BATCHES == [17, 34, 50, 67, 83] and set(W.WAVE_BATCHES) <= set(W.DECODE_BATCHES)
-    assert len(W.GRID_OF_DRAW["2026120304"]["decode"]) == 375
+    # the first six waves of 8 and 4 KV heads: one more wave costs a sixth of the step or more
+    assert W.WAVE_BATCHES == [17, 34, 50, 67, 83, 100, 133, 166, 199] and set(W.WAVE_BATCHES) <= set(W.DECODE_BATCHES)
+    assert len(W.GRID_OF_DRAW["2026120304"]["decode"]) == 375 and len(W.GRID_OF_DRAW["2026120401"]["decode"]) == 474
+    assert len(W.BUCKETS["decode"]) == 407 and W.GRID_OF_DRAW["2026120402"]["decode"] == W.BUCKETS["decode"]
 
 
-def test_decode_times_contexts_past_a_multiple_of_64_up_to_1024_and_each_window_just_past_it():
-    assert W.DECODE_UNALIGNED == [552, 808, 1064]
-    assert len(W.BUCKETS["decode"]) == 474 and W.GRID_OF_DRAW["2026120401"]["decode"] == W.BUCKETS["decode"]
-    assert (256, 1064) in W.BUCKETS["decode"] and (1, 4160) not in W.BUCKETS["decode"]
+def test_decode_times_each_sliding_window_just_past_it():
+    assert all(n % 64 == 0 for _, n in W.BUCKETS["decode"]) and (1, 4160) not in W.BUCKETS["decode"]
     # the first multiple of 64 past the window, where the grid's contexts straddle it and do not hold it already
     assert W.past_window(4096) == 4160 and W.past_window(1024) == 1088 and W.past_window(512) == 576
     assert W.past_window(2047) is None  # 2048, a grid context, is past it already
@@ -272,8 +272,8 @@ def test_decode_times_contexts_past_a_multiple_of_64_up_to_1024_and_each_window_
     local = W.layer_buckets(layers["mistral-7b-v0.1:sliding"], "decode")
     added = sorted(set(local) - set(W.BUCKETS["decode"]))
     assert set(local) >= set(W.BUCKETS["decode"]) and list(local) == sorted(local)
-    # every grid batch within the cache cap: 252 sequences of 4160 tokens fill it, so up to 224
-    assert added == [(b, 4160) for b in W.DECODE_BATCHES if b <= 224]
+    # every grid batch within the cache cap: 252 sequences of 4160 tokens fill it
+    assert added == [(b, 4160) for b in W.DECODE_BATCHES if b <= 252]
 
 
 def test_around_is_the_grid_cell_of_a_point():
