@@ -5,7 +5,8 @@
 
 `sweep` takes every layer type of the model presets (matrix/data/models.json) and every op it runs, checks each
 backend once against the reference (kernels/reference.py) on a small problem with the layer's head counts, then
-times those that passed at the op's bucket points (matrix/workloads.py BUCKETS) and held-out points (HELD_OUT), in
+times those that passed at the layer's bucket points (matrix/workloads.py `layer_buckets`: the grid's, BUCKETS,
+and a sliding-window layer's decode context just past its window) and held-out points (HELD_OUT), in
 `--dtype` (bfloat16 by default; one dtype per output file). At each point the backends run on the same inputs and
 take turns (kernels/interleaved_timing.py `measure_interleaved`: GPU time per call from a CUDA graph, the L2 flushed
 before each replay, `--rounds` rounds each starting from the next backend), so a drift of the GPU's clocks falls on

@@ -5,8 +5,9 @@ and no grouped-query attention. A workload is a model preset's layer type (its q
 dims, window, softcap, sinks) at one (batch, sequence) point:
 
 - **buckets** (`BUCKETS`): a small grid per op that rankings are made on. Prefill: tokens per sequence x
-  batch; decode: batch x context length. A query's (batch, length) falls in the bucket nearest to it in
-  log space (`bucket_of`), so every query has a bucket.
+  batch; decode: batch x context length, and for a sliding-window layer one more context just past its window
+  (`layer_buckets`: a layer's points). A query's (batch, length) falls in the bucket nearest to it in log space
+  (`bucket_of`), so every query has a bucket.
 - **held-out shapes** (`HELD_OUT`): other (batch, length) points, never used for ranking, that the
   selector's per-bucket choice is judged on (benchmarks/regret.py).
 
@@ -50,7 +51,7 @@ from .models import call_params, layer_ops
 # 67, 83, 100, 133, 166, 199; one more wave costs a sixth or more of the step there, less beyond): on sm_90
 # FA4 runs a decode step unsplit, one block per KV head of a sequence and one per SM, and every backend's time steps
 # there (16 to 17 sequences of 8 KV heads: fa4 1.6x, vllm_fa3 1.7x; benchmarks/placement_rules.py fa4_waves); on the
-# batch scan they leave 7 of 1,560 batches over 1.10x, for 375 decode points a layer call. Prefill lengths a
+# batch scan (to 96) they leave 7 of 1,560 batches over 1.10x, for 407 decode points a layer call. Prefill lengths a
 # factor of 1.5 or 1.33 apart up to 1024 tokens, where a kernel's tile steps are a large share of its work, and a
 # factor of 2 beyond; decode contexts a factor of 1.5 or 1.33 apart: a decode kernel splits the context into KV
 # blocks among the SMs, and its time turns with that split where a factor-2 axis does not see it (the decode misses
@@ -70,12 +71,13 @@ from .models import call_params, layer_ops
 # `layer_buckets`): past it the step attends the window's keys alone, and FlashAttention's kernels take about the same
 # time at every context beyond it but step up right past it (mistral-7b sliding, vllm_fa3: 166 us at 34 sequences of its
 # window of 4096 cached tokens, 209 at 34 of 6144, 199.5 at 35 of 4310), where cuDNN's time keeps growing; read between
-# the window and the next grid context (a factor of 1.5 on), that step is smeared over the gap. Between points a
-# kernel's time is still not a smooth function of the shape (wave quantisation, tile steps), so benchmarks/regret.py
-# reports beside the selector's regret how the backends fastest at the grid points around a query (`around`) fare there.
-# The grid is kept small enough that a full sm_90 sweep of the installed backends over the presets fits in 30 minutes of
-# one H200; what each of its timed parts cost is in benchmarks/results/README.md (benchmarks/batch_axis.py weighs denser
-# batch axes).
+# the window and the next grid context (a factor of 1.5 on), that step is smeared over the gap. The timings are the
+# preset layer's, at its window: a query of another window in the same cell and head counts reads the step where the
+# preset's window puts it. Between points a kernel's time is still not a smooth function of the shape (wave
+# quantisation, tile steps), so benchmarks/regret.py reports beside the selector's regret how the backends fastest at
+# the grid points around a query (`around`) fare there. The grid is kept small enough that a full sm_90 sweep of the
+# installed backends over the presets fits in 30 minutes of one H200; what each of its timed parts cost is in
+# benchmarks/results/README.md (benchmarks/batch_axis.py weighs denser batch axes).
 PREFILL_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 PREFILL_LENGTHS = [256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
 PREFILL_UNALIGNED = [n + 40 for n in PREFILL_LENGTHS if n <= 1024]
@@ -93,7 +95,8 @@ def wave_ends(heads_kv: int, top: int, sms: int = SMS) -> tuple[int, ...]:
     return tuple(ends)
 
 
-# the first batch past each wave for 8 and 4 KV heads (the presets' commonest), up to 96
+# the first batch past each of the first six waves for 8 and 4 KV heads (the presets' commonest; every wave of 2 and 1
+# up to 199 among them): 17, 34, 50, 67, 83, 100, 133, 166, 199
 WAVE_BATCHES = sorted({e + 1 for h in (8, 4) for e in wave_ends(h, 256)[:6]})
 DECODE_BATCHES = sorted(set(DECODE_BATCHES_BY_1_2) | set(WAVE_BATCHES))
 # the batch axis the draws before 2026120303 were drawn on (GRID_OF_DRAW)

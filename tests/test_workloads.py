@@ -615,3 +615,33 @@ def test_a_graph_batch_flag_that_is_not_a_boolean_is_named(tmp_path):
     f.write_text(json.dumps({"backends": {"x": {"splits_see_graph_batch": "yes"}}}), encoding="utf-8")
     _, problems = B.read(f)
     assert problems == [("backends.x.splits_see_graph_batch", "expected true or false, got 'yes'")]
+
+
+def test_a_sliding_window_layer_is_timed_and_ranked_just_past_its_window(tmp_path, monkeypatch):
+    R = _regret()
+    monkeypatch.setattr(W, "BUCKETS", {"prefill": ((1, 64),), "decode": ((2, 64), (2, 256))})
+    monkeypatch.setattr(W, "HELD_OUT", {"prefill": ((1, 96),), "decode": ((2, 100),)})
+    presets = tmp_path / "models.json"
+    config = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+              "sliding_window": 100}
+    presets.write_text(json.dumps({"schema": 1, "models": {"tiny": {
+        "family": "test", "repo": "test/tiny", "file": "config.json", "config": config, "tp": 1,
+        "source": "https://huggingface.co/test/tiny/blob/main/config.json",
+        "layers": [{"count": 1, "num_heads": 4, "num_kv_heads": 2, "head_dim": 32, "type": "global"},
+                   {"count": 1, "num_heads": 4, "num_kv_heads": 2, "head_dim": 32, "type": "local",
+                    "sliding_window": 100}]}}}))
+    layers = {ly.name: ly for ly in W.load_presets(presets)}
+    assert W.layer_buckets(layers["tiny:local"], "decode") == ((2, 64), (2, 128), (2, 256))
+    assert W.layer_buckets(layers["tiny:global"], "decode") == W.BUCKETS["decode"]
+    out = tmp_path / "run.jsonl"
+    # the point past the window is a point of the local layer alone: named, it is timed there and nowhere else
+    assert R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(out), "--presets", str(presets), "--ops", "decode",
+                   "--points", "2x128,2x64", "--rounds", "2"]) == 0
+    rows = W.load_rows([out])
+    timed = {(r["layer"], r["batch"], r["length"]) for r in rows if r["set"] == "bucket"}
+    assert timed == {("tiny:local", 2, 128), ("tiny:local", 2, 64), ("tiny:global", 2, 64)}
+    # and ranked there (`report` ranks every timed bucket point of a layer, not the shared grid's alone)
+    assert "tiny:local decode b2_kv128" in R.analyse(rows)["rankings"]
+    with pytest.raises(SystemExit, match="2x192 is no bucket or held_out point of decode"):
+        R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(out), "--presets", str(presets), "--ops", "decode",
+                "--points", "2x192"])
