@@ -51,7 +51,8 @@ from .models import call_params, layer_ops
 # 67, 83, 100, 133, 166, 199; one more wave costs a sixth or more of the step there, less beyond): on sm_90
 # FA4 runs a decode step unsplit, one block per KV head of a sequence and one per SM, and every backend's time steps
 # there (16 to 17 sequences of 8 KV heads: fa4 1.6x, vllm_fa3 1.7x; benchmarks/placement_rules.py fa4_waves); on the
-# batch scan (to 96) they leave 7 of 1,560 batches over 1.10x, for 407 decode points a layer call. Prefill lengths a
+# batch scan (to 96) they leave 7 of 1,560 batches over 1.10x; with each wave's end (below), 404 decode points a layer
+# call. Prefill lengths a
 # factor of 1.5 or 1.33 apart up to 1024 tokens, where a kernel's tile steps are a large share of its work, and a
 # factor of 2 beyond; decode contexts a factor of 1.5 or 1.33 apart: a decode kernel splits the context into KV
 # blocks among the SMs, and its time turns with that split where a factor-2 axis does not see it (the decode misses
@@ -95,10 +96,16 @@ def wave_ends(heads_kv: int, top: int, sms: int = SMS) -> tuple[int, ...]:
     return tuple(ends)
 
 
-# the first batch past each of the first six waves for 8 and 4 KV heads (the presets' commonest; every wave of 2 and 1
-# up to 199 among them): 17, 34, 50, 67, 83, 100, 133, 166, 199
-WAVE_BATCHES = sorted({e + 1 for h in (8, 4) for e in wave_ends(h, 256)[:6]})
-DECODE_BATCHES = sorted(set(DECODE_BATCHES_BY_1_2) | set(WAVE_BATCHES))
+# The last batch of each of the first six waves for 8 and 4 KV heads (the presets' commonest; every wave of 2 and 1 up
+# to 198 among them), WAVE_ENDS: 16, 33, 49, 66, 82, 99, 132, 165, 198, and the first batch past each, WAVE_BATCHES:
+# 17, 34, 50, 67, 83, 100, 133, 166, 199. A batch of the factor-1.2 axis within 5% below a wave's end is timed at the
+# end instead (32 -> 33, 48 -> 49, ... 192 -> 198): each wave's step then lies between two timed batches, where read
+# between a batch below the end and the first past it the step was smeared over the end's side too (gemma-3-1b global,
+# one KV head, 131 sequences, read between 128 and 133).
+WAVE_ENDS = sorted({e for h in (8, 4) for e in wave_ends(h, 256)[:6]})
+WAVE_BATCHES = [e + 1 for e in WAVE_ENDS]
+DECODE_BATCHES = sorted({next((e for e in WAVE_ENDS if b < e <= b * 1.05), b) for b in DECODE_BATCHES_BY_1_2}
+                        | set(WAVE_BATCHES))
 # the batch axis the draws before 2026120303 were drawn on (GRID_OF_DRAW)
 DECODE_BATCHES_BY_1_5 = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
 DECODE_LENGTHS = [512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768]
@@ -126,6 +133,10 @@ GRID_WITH_WAVES = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83])) 
 GRID_WITH_UNALIGNED = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83]),
                               [512, 552, 768, 808, 1024, 1064, *DECODE_LENGTHS[3:]])
 GRID_WITH_SIX_WAVES = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83, 100, 133, 166, 199]))
+# the eighth draw's: the batches the committed timings hold once the wave ends are timed (the grid's, and the factor-1.2
+# axis's batches the ends replace, timed before), so that no drawn shape lies on a timed batch
+GRID_WITH_WAVE_ENDS = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83, 100, 133, 166, 199]
+                                     + [33, 49, 66, 82, 99, 132, 165, 198]))
 
 
 def past_window(window: int | None) -> int | None:
@@ -189,6 +200,11 @@ _DECODE_FRESH_7 = ((9, 5975), (11, 10845), (18, 2614), (25, 2901), (26, 5732), (
                    (52, 2269), (61, 6759), (63, 1440), (65, 655), (79, 9992), (103, 2794), (104, 789), (109, 4907),
                    (110, 5671), (117, 4937), (131, 2972), (150, 744), (152, 1209), (188, 4092), (223, 1806),
                    (233, 3198))
+# The eighth, drawn with the wave ends (WAVE_ENDS) in the grid, before they were timed, off every batch the timings
+# hold: draw_shapes(2026120403, {"decode": 24}, grid=GRID_WITH_WAVE_ENDS).
+_DECODE_FRESH_8 = ((9, 1967), (11, 8835), (11, 22371), (13, 27992), (18, 653), (21, 6264), (22, 3645), (26, 1089),
+                   (27, 7667), (35, 1199), (36, 2350), (36, 12706), (39, 13665), (41, 2833), (53, 5421), (61, 7512),
+                   (76, 677), (78, 9490), (125, 611), (141, 2674), (150, 1146), (219, 646), (225, 2459), (232, 1534))
 # draw (its seed) -> op -> shapes, oldest first; FRESH: every draw's shapes per op
 FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_FRESH, "decode": _DECODE_FRESH},
                "20261203": {"decode": _DECODE_FRESH_GRAPHS},
@@ -197,9 +213,11 @@ FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_F
                "2026120303": {"decode": _DECODE_FRESH_4},
                "2026120304": {"decode": _DECODE_FRESH_5},
                "2026120401": {"decode": _DECODE_FRESH_6},
-               "2026120402": {"decode": _DECODE_FRESH_7}}
+               "2026120402": {"decode": _DECODE_FRESH_7},
+               "2026120403": {"decode": _DECODE_FRESH_8}}
 GRID_OF_DRAW = {"20261202": GRID_BY_1_5, "20261203": GRID_BY_1_5, "2026120302": GRID_BY_1_5, "2026120303": GRID_BY_1_2,
-                "2026120304": GRID_WITH_WAVES, "2026120401": GRID_WITH_UNALIGNED, "2026120402": GRID_WITH_SIX_WAVES}
+                "2026120304": GRID_WITH_WAVES, "2026120401": GRID_WITH_UNALIGNED, "2026120402": GRID_WITH_SIX_WAVES,
+                "2026120403": GRID_WITH_WAVE_ENDS}
 FRESH = {op: tuple(p for draw in FRESH_DRAWS.values() for p in draw.get(op, ())) for op in BUCKETS}
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
@@ -207,7 +225,7 @@ HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
     "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
     "decode": ((1, 880), (5, 10000), (7, 1770), (10, 5000), (20, 2500), (40, 1250), (80, 3550), (160, 620))
     + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3 + _DECODE_FRESH_4 + _DECODE_FRESH_5 + _DECODE_FRESH_6
-    + _DECODE_FRESH_7,
+    + _DECODE_FRESH_7 + _DECODE_FRESH_8,
 }
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 

@@ -256,8 +256,14 @@ def test_decode_times_the_first_batch_past_each_wave_of_the_sms():
     assert W.wave_ends(32, 20) == (4, 8, 12, 16, 20)
     # the first six waves of 8 and 4 KV heads: one more wave costs a sixth of the step or more
     assert W.WAVE_BATCHES == [17, 34, 50, 67, 83, 100, 133, 166, 199] and set(W.WAVE_BATCHES) <= set(W.DECODE_BATCHES)
+    # and each wave's end: the factor-1.2 batch within 5% below it moves to it, so a step lies between two timed batches
+    assert W.WAVE_ENDS == [16, 33, 49, 66, 82, 99, 132, 165, 198] and set(W.WAVE_ENDS) <= set(W.DECODE_BATCHES)
+    assert not {32, 48, 64, 80, 96, 128, 160, 192} & set(W.DECODE_BATCHES) and len(W.DECODE_BATCHES) == 37
     assert len(W.GRID_OF_DRAW["2026120304"]["decode"]) == 375 and len(W.GRID_OF_DRAW["2026120401"]["decode"]) == 474
-    assert len(W.BUCKETS["decode"]) == 407 and W.GRID_OF_DRAW["2026120402"]["decode"] == W.BUCKETS["decode"]
+    assert len(W.GRID_OF_DRAW["2026120402"]["decode"]) == 407 and len(W.BUCKETS["decode"]) == 404
+    # the eighth draw's grid holds the grid's batches and those the ends replaced (timed before): off every timed batch
+    drawn_on = set(W.GRID_OF_DRAW["2026120403"]["decode"])
+    assert drawn_on == set(W.BUCKETS["decode"]) | set(W.GRID_WITH_SIX_WAVES["decode"])
 
 
 def test_decode_times_each_sliding_window_just_past_it():
