@@ -39,26 +39,24 @@ from attnmatrix.vocabulary import features_of
 
 from .models import call_params, layer_ops
 
-# (batch, length): prefill length = tokens per sequence (query = key length); decode length = context.
-# Prefill batches a factor of 1.5 or 1.33 apart (1, 2, 3, 4, 6, 8, 12 ...): a kernel's split-KV and wave heuristics
-# turn on the number of sequences times heads against the SM count, and a factor-2 batch axis misses the turns. Decode
-# batches a factor of about 1.2 apart (1 ... 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80 ...): a decode
-# kernel's split rule steps at single batches (upstream FA3's num_splits_heuristic adds a wave of thread blocks at
-# one batch and not the next, benchmarks/fa3_split_waves.py), and read off a scan of every batch
-# (benchmarks/batch_axis.py) this axis leaves 12 of 1,664 scanned batches over 1.10x the fastest where the
-# factor-1.5 axis (DECODE_BATCHES_BY_1_5) left 32 of 2,132, for 1.73x its decode points. Decode also times the first
-# batch past each of the first six waves of thread blocks over the SMs for 8 and 4 KV heads (WAVE_BATCHES: 17, 34, 50,
-# 67, 83, 100, 133, 166, 199; one more wave costs a sixth or more of the step there, less beyond): on sm_90
-# FA4 runs a decode step unsplit, one block per KV head of a sequence and one per SM, and every backend's time steps
-# there (16 to 17 sequences of 8 KV heads: fa4 1.6x, vllm_fa3 1.7x; benchmarks/placement_rules.py fa4_waves); on the
-# batch scan (to 96) they leave 7 of 1,560 batches over 1.10x; with each wave's end (below), 404 decode points a layer
-# call. Prefill lengths a
-# factor of 1.5 or 1.33 apart up to 1024 tokens, where a kernel's tile steps are a large share of its work, and a
-# factor of 2 beyond; decode contexts a factor of 1.5 or 1.33 apart: a decode kernel splits the context into KV
-# blocks among the SMs, and its time turns with that split where a factor-2 axis does not see it (the decode misses
-# of benchmarks/regret.py between contexts 2048 and 4096). The grid is their product, less the
-# points whose work would dwarf one engine step (prefill: over 64k tokens; decode: over 1M cached tokens), where a
-# query is placed from the timed points around it.
+# (batch, length): prefill length = tokens per sequence (query = key length); decode length = context. Prefill batches a
+# factor of 1.5 or 1.33 apart (1, 2, 3, 4, 6, 8, 12 ...): a kernel's split-KV and wave heuristics turn on the number of
+# sequences times heads against the SM count, and a factor-2 batch axis misses the turns. Decode batches a factor of
+# about 1.2 apart (DECODE_BATCHES_BY_1_2: 1 ... 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48 ...; the grid times some of
+# them at a wave's end instead, below): a decode kernel's split rule steps at single batches (upstream FA3's
+# num_splits_heuristic adds a wave of thread blocks at one batch and not the next, benchmarks/fa3_split_waves.py), and
+# read off a scan of every batch (benchmarks/batch_axis.py) this axis leaves 12 of 1,664 scanned batches over 1.10x the
+# fastest where the factor-1.5 axis (DECODE_BATCHES_BY_1_5) left 32 of 2,132, for 1.73x its decode points. Decode also
+# times the first batch past each of the first six waves of thread blocks over the SMs for 8 and 4 KV heads
+# (WAVE_BATCHES: 17, 34, 50, 67, 83, 100, 133, 166, 199; one more wave costs a sixth or more of the step there, less
+# beyond): on sm_90 FA4 runs a decode step unsplit, one block per KV head of a sequence and one per SM, and every
+# backend's time steps there (16 to 17 sequences of 8 KV heads: fa4 1.6x, vllm_fa3 1.7x; benchmarks/placement_rules.py
+# fa4_waves), and each wave's end (below): 404 decode points a layer call. Prefill lengths a factor of 1.5 or 1.33 apart
+# up to 1024 tokens, where a kernel's tile steps are a large share of its work, and a factor of 2 beyond; decode
+# contexts a factor of 1.5 or 1.33 apart: a decode kernel splits the context into KV blocks among the SMs, and its time
+# turns with that split where a factor-2 axis does not see it (the decode misses of benchmarks/regret.py between
+# contexts 2048 and 4096). The grid is their product, less the points whose work would dwarf one engine step (prefill:
+# over 64k tokens; decode: over 1M cached tokens), where a query is placed from the timed points around it.
 #
 # Prefill lengths up to 1024 are also timed 40 tokens past each (PREFILL_UNALIGNED): FA4 runs fastest at lengths
 # that are a multiple of LENGTH_ALIGNMENT (64) and up to 2.2x slower at a length past one
