@@ -85,7 +85,7 @@ def series(points, length, batch=None):
     multiple of LENGTH_ALIGNMENT and some are not, those of the query's kind; a length that is no multiple past the
     longest such timed length (at the query's batch where that is a timed batch: the token cap ends some batches'
     earlier) is placed from the multiples beyond it, as the grid times the other kind only where a partial tile is
-    a large share of the work. Every point where the length is not given or the timed points are of one kind only."""
+    a large share of the work. Every point where the length is not given or the grid has one kind only (decode)."""
     points = list(points)
     odd = [p for p in points if p[1] % LENGTH_ALIGNMENT]
     if length is None or not odd or len(odd) == len(points):
@@ -285,7 +285,7 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graph
         at = {p: weights[p] for p in weights if b in timed[p]}  # a backend not timed at a point: from the others
         est[b] = log_mean(at, {p: timed[p][b] for p in at})
     graphed = graph_readings(by_point, batch, length, graphs) if graphs and op in GRAPH_OPS else {}
-    # a backend read in its graph is not also read off its tile
+    # a backend read in its graph is not also read off its tile (decode's timed lengths are all multiples of 64)
     tiled = {b: ms for b, ms in (tile_readings(every, batch, length, spread) if tiles else {}).items()
              if b not in graphed}
     est.update(tiled)

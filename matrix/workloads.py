@@ -127,9 +127,10 @@ def grid_of(decode_batches: list[int], decode_lengths: list[int] | tuple[int, ..
 BUCKETS = grid_of(DECODE_BATCHES)
 GRID_BY_1_5, GRID_BY_1_2 = grid_of(DECODE_BATCHES_BY_1_5), grid_of(DECODE_BATCHES_BY_1_2)
 GRID_WITH_WAVES = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83]))  # pinned: the fifth draw's, as drawn
-# pinned: the sixth draw's, as drawn (decode contexts up to 1024 also 40 tokens past each), and the seventh's
+# pinned: the sixth draw's, as drawn (decode contexts up to 1024 also 40 tokens past each)
 GRID_WITH_UNALIGNED = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83]),
                               [512, 552, 768, 808, 1024, 1064, *DECODE_LENGTHS[3:]])
+# pinned: the seventh draw's, as drawn
 GRID_WITH_SIX_WAVES = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83, 100, 133, 166, 199]))
 # the eighth draw's: the batches the committed timings hold once the wave ends are timed (the grid's, and the factor-1.2
 # axis's batches the ends replace, timed before), so that no drawn shape lies on a timed batch
