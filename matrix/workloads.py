@@ -204,6 +204,12 @@ _DECODE_FRESH_7 = ((9, 5975), (11, 10845), (18, 2614), (25, 2901), (26, 5732), (
 _DECODE_FRESH_8 = ((9, 1967), (11, 8835), (11, 22371), (13, 27992), (18, 653), (21, 6264), (22, 3645), (26, 1089),
                    (27, 7667), (35, 1199), (36, 2350), (36, 12706), (39, 13665), (41, 2833), (53, 5421), (61, 7512),
                    (76, 677), (78, 9490), (125, 611), (141, 2674), (150, 1146), (219, 646), (225, 2459), (232, 1534))
+# The ninth, drawn on the eighth's grid (the batches the timings hold) before the decode context scan of every layer
+# call at batches 1, 3, 18 and 65 was timed, to judge a placement rule chosen on that scan:
+# draw_shapes(2026120404, {"decode": 24}, grid=GRID_WITH_WAVE_ENDS).
+_DECODE_FRESH_9 = ((9, 3031), (11, 1541), (15, 1314), (18, 1473), (18, 5427), (19, 997), (19, 25711), (23, 2643),
+                   (26, 16449), (30, 690), (35, 790), (35, 1183), (35, 4074), (63, 14483), (74, 1296), (81, 1573),
+                   (85, 3462), (97, 7278), (119, 5282), (139, 1742), (154, 1735), (193, 1725), (194, 1102), (225, 886))
 # draw (its seed) -> op -> shapes, oldest first; FRESH: every draw's shapes per op
 FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_FRESH, "decode": _DECODE_FRESH},
                "20261203": {"decode": _DECODE_FRESH_GRAPHS},
@@ -213,10 +219,11 @@ FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_F
                "2026120304": {"decode": _DECODE_FRESH_5},
                "2026120401": {"decode": _DECODE_FRESH_6},
                "2026120402": {"decode": _DECODE_FRESH_7},
-               "2026120403": {"decode": _DECODE_FRESH_8}}
+               "2026120403": {"decode": _DECODE_FRESH_8},
+               "2026120404": {"decode": _DECODE_FRESH_9}}
 GRID_OF_DRAW = {"20261202": GRID_BY_1_5, "20261203": GRID_BY_1_5, "2026120302": GRID_BY_1_5, "2026120303": GRID_BY_1_2,
                 "2026120304": GRID_WITH_WAVES, "2026120401": GRID_WITH_UNALIGNED, "2026120402": GRID_WITH_SIX_WAVES,
-                "2026120403": GRID_WITH_WAVE_ENDS}
+                "2026120403": GRID_WITH_WAVE_ENDS, "2026120404": GRID_WITH_WAVE_ENDS}
 FRESH = {op: tuple(p for draw in FRESH_DRAWS.values() for p in draw.get(op, ())) for op in BUCKETS}
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
@@ -224,7 +231,7 @@ HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
     "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
     "decode": ((1, 880), (5, 10000), (7, 1770), (10, 5000), (20, 2500), (40, 1250), (80, 3550), (160, 620))
     + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3 + _DECODE_FRESH_4 + _DECODE_FRESH_5 + _DECODE_FRESH_6
-    + _DECODE_FRESH_7 + _DECODE_FRESH_8,
+    + _DECODE_FRESH_7 + _DECODE_FRESH_8 + _DECODE_FRESH_9,
 }
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 
