@@ -14,7 +14,9 @@ between the two points on it), since a ranking read off one neighbouring point m
 between points. Where a bracketing point was not timed (the grid leaves out the largest corners), the nearest
 timed points stand in, weighted by 1 / squared distance. A backend not timed at some of the points is placed from
 those it was timed at. With one axis hinted, the timed point nearest on that axis is used. A backend whose decode
-split follows the batch of vLLM's CUDA graph (DATA['graph_batches']) is read in the query's graph (`graph_readings`).
+split follows the batch of vLLM's CUDA graph (DATA['graph_batches']) is read in the query's graph (`graph_readings`),
+and one that runs a fast path at some power-of-two decode lengths (DATA['power_of_two_paths']) is read at other
+lengths without the timings where it took it (`fast_path_readings`).
 
 Standard library only: part of the vendored selector (selector.py, selector_engine.py, selector_vllm.py,
 selector_workloads.py, vocabulary.py).
@@ -56,6 +58,16 @@ TILE = 128
 # the query in the query's graph (`graph_reading_batch`). Never at a timed batch below the query: within one graph
 # the time still grows with the step's own sequences.
 GRAPH_OPS = ("decode",)
+# cuDNN's SDPA runs some decode steps whose cached length is a power of two on a faster path than its trend: at one
+# to three sequences it takes 9.2 us at 1024 tokens where 992 and 1056 take 12.4 and 11.8 (gemma-3-1b global), and at
+# 65 sequences 9.6 us at 512 where 544 takes 13.7 (qwen3-235b); its time at other lengths follows a staircase that
+# never dips (benchmarks/results/scan-sm_90-h200-20261204-*-decode-context.jsonl: every decode layer call, contexts
+# 512-2176 every 32 tokens). Interpolated from such a point, a length near it is read as if it took the fast path. A
+# timed power-of-two length where a backend that declares the path (DATA['power_of_two_paths']) is faster than its
+# reading from the other timed lengths around it by more than the interpolation band is its fast path there, and a
+# query at another length reads that backend without it (`fast_path_readings`); a path within the band is left in,
+# as the timed points cannot tell it from the kernel's trend.
+FAST_PATH_OPS = ("decode",)
 
 
 def workload_features(op, feats):
@@ -132,14 +144,18 @@ class Placement:
     within the noise band of the fastest, the first `uncertain` (placed between points) within the interpolation
     band: the timed points cannot tell them apart there."""
 
-    __slots__ = ("heads", "batch", "length", "points", "exact", "order", "ties", "uncertain", "tiled", "graphed")
+    __slots__ = ("heads", "batch", "length", "points", "exact", "order", "ties", "uncertain", "tiled", "graphed",
+                 "unpathed")
 
-    def __init__(self, heads, batch, length, points, exact, order, ties, uncertain=None, tiled=(), graphed=()):
+    def __init__(self, heads, batch, length, points, exact, order, ties, uncertain=None, tiled=(), graphed=(),
+                 unpathed=()):
         self.heads, self.batch, self.length = heads, batch, length
         self.points, self.exact, self.order, self.ties = points, exact, order, ties
         self.uncertain = ties if uncertain is None else max(ties, uncertain)
         self.tiled = tiled  # the backends read off the query's tile (`tile_readings`), not interpolated
         self.graphed = graphed  # ((backend, batch read at), ...): read in the query's CUDA graph (`graph_readings`)
+        # ((backend, (length, ...)), ...): read without the timed lengths of its fast path (`fast_path_readings`)
+        self.unpathed = unpathed
 
     def basis(self) -> str:
         heads = f"heads {self.heads[0]}/{self.heads[1]}"
@@ -151,8 +167,10 @@ class Placement:
         tiled = f"; {', '.join(self.tiled)} read off the {TILE}-token tile it is flat over" if self.tiled else ""
         graphed = "".join(f"; {b} read at batch {at}, timed in the CUDA graph vLLM runs batch {self.batch} in"
                           for b, at in self.graphed)
+        unpathed = "".join(f"; {b} read without its timings at {', '.join(map(str, ns))} tokens, a power of two where "
+                           f"it ran a faster path than at the lengths around" for b, ns in self.unpathed)
         return (f"{heads}, batch {self.batch}, length {self.length}, "
-                f"interpolated from the timed points (batch x length) {near}{tiled}{graphed}")
+                f"interpolated from the timed points (batch x length) {near}{tiled}{graphed}{unpathed}")
 
 
 def bracket(v, values):
@@ -249,19 +267,63 @@ def graph_readings(by_point, batch, length, graphs):
     return out
 
 
+def is_power_of_two(n):
+    return n > 0 and n & (n - 1) == 0
+
+
+def fast_path_lengths(times, band):
+    """The power-of-two lengths of one timed batch where a backend ran a fast path: its time there (`times`: length
+    -> ms) below its reading from the other kind of timed length around it by more than `band`, log-linear
+    between the nearest on either side, or from the two nearest above where none is below."""
+    other = sorted(n for n in times if not is_power_of_two(n))
+    out = []
+    for n in sorted(x for x in times if is_power_of_two(x)):
+        lo, hi = [x for x in other if x < n][-1:], [x for x in other if x > n]
+        a, c = (lo[0], hi[0]) if lo and hi else tuple(hi[:2]) if len(hi) >= 2 else (None, None)
+        if a is None:
+            continue
+        f = log(n / a) / log(c / a)
+        if times[n] * band < exp((1.0 - f) * log(times[a]) + f * log(times[c])):
+            out.append(n)
+    return out
+
+
+def fast_path_readings(by_point, batch, length, weights, backends, band):
+    """backend -> (the timed lengths left out, its time at (batch, length)) for each of `backends` (those declaring
+    a fast path at powers of two) that ran its fast path (`fast_path_lengths`) at some of the points the query is
+    interpolated from (`weights`): interpolated from its timed points at the other lengths. {} at a power-of-two
+    length (the query may take the path itself)."""
+    if is_power_of_two(length):
+        return {}
+    out = {}
+    for backend in backends:
+        at = {p: dict(r[5])[backend] for p, r in by_point.items() if backend in dict(r[5])}
+        skip = {(b, n) for b in {p[0] for p in at}
+                for n in fast_path_lengths({p[1]: ms for p, ms in at.items() if p[0] == b}, band)}
+        lengths = {n for b, n in skip & {p for p, w in weights.items() if w > 0}}
+        if not lengths:
+            continue
+        # those lengths left out at every batch, so that the query's cell is bracketed by the other lengths
+        rest = {p: ms for p, ms in at.items() if p[1] not in lengths}
+        w = {p: x for p, x in interpolation_weights(rest, batch, length).items() if x > 0}
+        out[backend] = (tuple(sorted(lengths)), log_mean(w, rest))
+    return out
+
+
 def _within(order, band):
     """How many of `order` ((backend, ms), ... fastest first) are within `band` of the fastest."""
     return sum(1 for _, ms in order if ms / order[0][1] <= band) if order else 0
 
 
-def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graphs=None):
+def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graphs=None, paths=()):
     """The Placement of a hinted query among a cell's timed rows, or None without a usable hint. `band`: the
     measurement noise within which two timings tie; `spread`: the interpolation error within which two backends
     placed between timed points cannot be told apart; `by_kind`: among the timed lengths of the query's kind
     (`series`; False: every timed length); `tiles`: a backend whose time is flat over the query's tile read off
     it (`tile_readings`; False: interpolated like the others); `graphs`: backend -> vLLM's captured batch sizes,
-    for the backends whose decode split follows them (read in the query's graph: `graph_readings`; None: none).
-    The last three as benchmarks/placement_rules.py compares rules."""
+    for the backends whose decode split follows them (read in the query's graph: `graph_readings`; None: none);
+    `paths`: the backends that run a fast path at some power-of-two lengths (read at other lengths without the
+    timings where they took it: `fast_path_readings`). The last four as benchmarks/placement_rules.py compares rules."""
     point = hinted_point(op, hints)
     if not rows or point is None:
         return None
@@ -284,6 +346,8 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graph
     for b in sorted(set().union(*timed.values())):
         at = {p: weights[p] for p in weights if b in timed[p]}  # a backend not timed at a point: from the others
         est[b] = log_mean(at, {p: timed[p][b] for p in at})
+    unpathed = fast_path_readings(by_point, batch, length, weights, paths, spread) if op in FAST_PATH_OPS else {}
+    est.update({b: ms for b, (_, ms) in unpathed.items()})
     graphed = graph_readings(by_point, batch, length, graphs) if graphs and op in GRAPH_OPS else {}
     # a backend read in its graph is not also read off its tile (decode's timed lengths are all multiples of 64)
     tiled = {b: ms for b, ms in (tile_readings(every, batch, length, spread) if tiles else {}).items()
@@ -291,5 +355,7 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graph
     est.update(tiled)
     est.update({b: ms for b, (_, ms) in graphed.items()})
     order = tuple(sorted(((b, round(ms, 5)) for b, ms in est.items()), key=lambda x: (x[1], x[0])))
+    unpathed = {b: v for b, v in unpathed.items() if b not in graphed and b not in tiled}
     return Placement(heads, batch, length, tuple(sorted(weights)), False, order, _within(order, band),
-                     _within(order, spread), tuple(tiled), tuple((b, at) for b, (at, _) in graphed.items()))
+                     _within(order, spread), tuple(tiled), tuple((b, at) for b, (at, _) in graphed.items()),
+                     tuple((b, ns) for b, (ns, _) in sorted(unpathed.items())))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from attnmatrix.matrix.backends import DEFAULT_RANK_MISSING, default_rank, engine_names
+from attnmatrix.matrix.backends import DEFAULT_RANK_MISSING, default_rank, engine_names, power_of_two_paths
 from attnmatrix.matrix.policy import ResolvedCell, ResolvedMatrix
 from attnmatrix.matrix.records import Record
 from attnmatrix.matrix.vllm_graphs import graph_batches
@@ -189,6 +189,8 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
         "workload_interpolation_band": spread,
         # backend -> vLLM's captured decode batch sizes, for the backends whose decode split follows them
         "graph_batches": graph_batches({b: m.backends[b] for b in public}),
+        # the backends whose decode placement leaves out their power-of-two fast path
+        "power_of_two_paths": power_of_two_paths({b: m.backends[b] for b in public}),
     }
 
 

@@ -34,6 +34,9 @@ DEVICES = ("cuda", "cpu")
 REQUIRED_FIELDS = ("label", "library", "device", "imports", "module")
 # The kernel's decode split follows the number of sequences it is launched with (matrix/vllm_graphs.py).
 GRAPH_SPLITS_FIELD = "splits_see_graph_batch"
+# The kernel runs some decode steps of a power-of-two cached length on a faster path than its trend
+# (attnmatrix/selector_workloads.py FAST_PATH_OPS).
+POWER_OF_TWO_FIELD = "fast_path_at_powers_of_two"
 
 
 class RegistryError(ValueError):
@@ -137,6 +140,12 @@ def identity_problems(name: str, meta: dict) -> list[tuple[str, str]]:
     return out
 
 
+def power_of_two_paths(entries: dict[str, dict]) -> tuple[str, ...]:
+    """The backends whose entry declares `fast_path_at_powers_of_two`: what the selector's decode placement reads
+    without their power-of-two fast path (selector_workloads.fast_path_readings)."""
+    return tuple(sorted(b for b, meta in entries.items() if meta.get(POWER_OF_TWO_FIELD) is True))
+
+
 def read(path: Path) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     """(entries, problems) of a backends.json: every entry an object with a well-formed default_rank; an entry
     that declares an implementing `module` also its whole identity. Raises OSError/ValueError when the file
@@ -154,9 +163,10 @@ def read(path: Path) -> tuple[dict[str, dict], list[tuple[str, str]]]:
             problems.append((f"backends.{name}.{DEFAULT_RANK_FIELD}", problem))
         if "module" in meta:
             problems += identity_problems(name, meta)
-        flag = meta.get(GRAPH_SPLITS_FIELD)
-        if flag is not None and not isinstance(flag, bool):
-            problems.append((f"backends.{name}.{GRAPH_SPLITS_FIELD}", f"expected true or false, got {flag!r}"))
+        for field in (GRAPH_SPLITS_FIELD, POWER_OF_TWO_FIELD):
+            flag = meta.get(field)
+            if flag is not None and not isinstance(flag, bool):
+                problems.append((f"backends.{name}.{field}", f"expected true or false, got {flag!r}"))
     return entries, problems
 
 

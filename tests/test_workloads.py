@@ -603,6 +603,48 @@ def test_a_backend_whose_split_follows_vllms_graph_is_read_in_the_querys_graph()
     assert past.graphed == () and past.order[0][0] == "step"
 
 
+def test_a_backend_with_a_fast_path_at_a_power_of_two_is_read_without_it_at_other_lengths():
+    from attnmatrix.selector_workloads import fast_path_lengths, place
+
+    band = 1.1
+    # 1024 below the reading between 768 and 1536 by more than the band: a fast path; 2048 within it: the trend's
+    assert fast_path_lengths({768: 12.0, 1024: 9.0, 1536: 13.0, 2048: 13.8, 3072: 14.5}, band) == [1024]
+    assert fast_path_lengths({512: 9.0, 768: 14.0, 1536: 20.0}, band) == [512]  # none below: from the two above
+    assert fast_path_lengths({512: 9.0, 1024: 9.5}, band) == []  # no other kind of length to read it from
+    # `fast` takes its path at 1024 at batch 1 alone; `even` grows evenly; at 1 x 880 interpolated through 1024,
+    # fast looks faster than even; read from 768 and 1536, it is not
+    times = {(1, 768): (12.0, 11.0), (1, 1024): (9.0, 11.3), (1, 1536): (13.0, 12.0),
+             (2, 768): (13.0, 12.0), (2, 1024): (13.4, 12.4), (2, 1536): (14.0, 13.0)}
+    rows = tuple((4, 1, b, n, 1, tuple(sorted((("fast", f), ("even", e)), key=lambda t: t[1])))
+                 for (b, n), (f, e) in times.items())
+    hints = {"batch_size": 1, "context_len": 880}
+    assert place(rows, "decode", hints, 1.0, band).order[0][0] == "fast"
+    placed = place(rows, "decode", hints, 1.0, band, paths=("fast",))
+    assert placed.order[0][0] == "even"
+    assert dict(placed.order)["fast"] == pytest.approx(12 * (13 / 12) ** math.log2(880 / 768), abs=1e-5)
+    assert placed.unpathed == (("fast", (1024,)),)
+    assert placed.basis().endswith("; fast read without its timings at 1024 tokens, a power of two where it ran a "
+                                   "faster path than at the lengths around")
+    # at batch 2 no fast path is among the points the query is read from: as it was; the path's own length is exact,
+    # an untimed power of two may take the path itself, and prefill is not read so
+    assert place(rows, "decode", {"batch_size": 2, "context_len": 880}, 1.0, band, paths=("fast",)).unpathed == ()
+    assert place(rows, "decode", {"batch_size": 1, "context_len": 1024}, 1.0, band, paths=("fast",)).exact
+    assert place(rows, "decode", {"batch_size": 1, "context_len": 512}, 1.0, band, paths=("fast",)).unpathed == ()
+    assert place(rows, "prefill", {"batch_size": 1, "seq_len": 880}, 1.0, band, paths=("fast",)).unpathed == ()
+
+
+def test_the_power_of_two_paths_are_declared_in_the_backend_registry(tmp_path):
+    from attnmatrix.matrix import backends as B
+
+    from attnmatrix import selector
+
+    declared = B.power_of_two_paths({n: i.meta for n, i in B.backends().items()})
+    assert declared == ("sdpa_cudnn",) and tuple(selector.DATA["power_of_two_paths"]) == declared
+    f = tmp_path / "backends.json"
+    f.write_text(json.dumps({"backends": {"x": {"fast_path_at_powers_of_two": 1}}}), encoding="utf-8")
+    assert B.read(f)[1] == [("backends.x.fast_path_at_powers_of_two", "expected true or false, got 1")]
+
+
 def test_the_graph_batches_are_declared_in_the_backend_registry():
     from attnmatrix.matrix.vllm_graphs import capture_sizes, declared_graph_batches, graph_batches
 
