@@ -128,6 +128,18 @@ def test_no_graphs_interpolates_a_backend_the_selector_reads_in_its_cuda_graph()
     assert set(R.RULES) == set(picks)
 
 
+def test_no_fast_paths_interpolates_through_a_power_of_two_fast_path(monkeypatch):
+    R = _rules()
+    # `fast` takes a fast path at 1024 tokens; `even` grows evenly: at 880 the selector reads fast from 768 and 1536
+    times = {768: (12.0, 11.0), 1024: (9.0, 11.3), 1536: (13.0, 12.0)}
+    rows = [(4, 1, b, n, 1, tuple(sorted((("fast", f), ("even", e)), key=lambda t: t[1])))
+            for b in (1, 2) for n, (f, e) in times.items()]
+    monkeypatch.setattr(R, "PATHS", ("fast",))
+    picks = R.rule_orders(rows, "decode", 1, 880, 1.01, 1.1, graphs={})
+    assert picks["interpolate"][0] == "even" and picks["no_fast_paths"][0] == "fast"
+    assert R.PATHS == ("fast",) and set(R.RULES) == set(picks)
+
+
 def test_fa4_waves_reads_fa4_at_the_timed_batch_of_its_wave():
     R = _rules()
     from attnmatrix.selector_workloads import place
