@@ -51,12 +51,12 @@ from .models import call_params, layer_ops
 # (WAVE_BATCHES: 17, 34, 50, 67, 83, 100, 133, 166, 199; one more wave costs a sixth or more of the step there, less
 # beyond): on sm_90 FA4 runs a decode step unsplit, one block per KV head of a sequence and one per SM, and every
 # backend's time steps there (16 to 17 sequences of 8 KV heads: fa4 1.6x, vllm_fa3 1.7x; benchmarks/placement_rules.py
-# fa4_waves), and each wave's end (below): 404 decode points a layer call. Prefill lengths a factor of 1.5 or 1.33 apart
-# up to 1024 tokens, where a kernel's tile steps are a large share of its work, and a factor of 2 beyond; decode
-# contexts a factor of 1.5 or 1.33 apart: a decode kernel splits the context into KV blocks among the SMs, and its time
-# turns with that split where a factor-2 axis does not see it (the decode misses of benchmarks/regret.py between
-# contexts 2048 and 4096). The grid is their product, less the points whose work would dwarf one engine step (prefill:
-# over 64k tokens; decode: over 1M cached tokens), where a query is placed from the timed points around it.
+# fa4_waves), each wave's end and batch 9 (below): 417 decode points a layer call. Prefill lengths a factor of 1.5 or
+# 1.33 apart up to 1024 tokens, where a kernel's tile steps are a large share of its work, and a factor of 2 beyond;
+# decode contexts a factor of 1.5 or 1.33 apart: a decode kernel splits the context into KV blocks among the SMs, and
+# its time turns with that split where a factor-2 axis does not see it (the decode misses of benchmarks/regret.py
+# between contexts 2048 and 4096). The grid is their product, less the points whose work would dwarf one engine step
+# (prefill: over 64k tokens; decode: over 1M cached tokens), where a query is placed from the timed points around it.
 #
 # Prefill lengths up to 1024 are also timed 40 tokens past each (PREFILL_UNALIGNED): FA4 runs fastest at lengths
 # that are a multiple of LENGTH_ALIGNMENT (64) and up to 2.2x slower at a length past one
@@ -102,8 +102,13 @@ def wave_ends(heads_kv: int, top: int, sms: int = SMS) -> tuple[int, ...]:
 # one KV head, 131 sequences, read between 128 and 133).
 WAVE_ENDS = sorted({e for h in (8, 4) for e in wave_ends(h, 256)[:6]})
 WAVE_BATCHES = [e + 1 for e in WAVE_ENDS]
+# cuDNN's decode steps one sequence past 1, 2, 4, 8, 16 and 33 whatever the head counts (the batch scan,
+# benchmarks/results/scan-sm_90-h200-20261203-3-decode-batch-vllm-graph.jsonl: llama-3.2-1b at 2048 cached tokens,
+# 13.7 us at 8 sequences, 18.5 at 9, 18.8 at 10; vllm_fa3 steps there too for 8 KV heads, 18.8 -> 25.9): the grid
+# times both sides of each of those steps once it times 9, which the factor-1.2 axis skips.
+STEP_BATCHES = [9]
 DECODE_BATCHES = sorted({next((e for e in WAVE_ENDS if b < e <= b * 1.05), b) for b in DECODE_BATCHES_BY_1_2}
-                        | set(WAVE_BATCHES))
+                        | set(WAVE_BATCHES) | set(STEP_BATCHES))
 # the batch axis the draws before 2026120303 were drawn on (GRID_OF_DRAW)
 DECODE_BATCHES_BY_1_5 = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
 DECODE_LENGTHS = [512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768]

@@ -258,9 +258,11 @@ def test_decode_times_the_first_batch_past_each_wave_of_the_sms():
     assert W.WAVE_BATCHES == [17, 34, 50, 67, 83, 100, 133, 166, 199] and set(W.WAVE_BATCHES) <= set(W.DECODE_BATCHES)
     # and each wave's end: the factor-1.2 batch within 5% below it moves to it, so a step lies between two timed batches
     assert W.WAVE_ENDS == [16, 33, 49, 66, 82, 99, 132, 165, 198] and set(W.WAVE_ENDS) <= set(W.DECODE_BATCHES)
-    assert not {32, 48, 64, 80, 96, 128, 160, 192} & set(W.DECODE_BATCHES) and len(W.DECODE_BATCHES) == 37
+    assert not {32, 48, 64, 80, 96, 128, 160, 192} & set(W.DECODE_BATCHES) and len(W.DECODE_BATCHES) == 38
+    # both sides of each of cuDNN's steps past 1, 2, 4, 8, 16 and 33 sequences
+    assert {1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 34} <= set(W.DECODE_BATCHES) and W.STEP_BATCHES == [9]
     assert len(W.GRID_OF_DRAW["2026120304"]["decode"]) == 375 and len(W.GRID_OF_DRAW["2026120401"]["decode"]) == 474
-    assert len(W.GRID_OF_DRAW["2026120402"]["decode"]) == 407 and len(W.BUCKETS["decode"]) == 404
+    assert len(W.GRID_OF_DRAW["2026120402"]["decode"]) == 407 and len(W.BUCKETS["decode"]) == 417
     # the eighth draw's grid holds the grid's batches and those the ends replaced (timed before): off every timed batch
     drawn_on = {b for b, _ in W.GRID_OF_DRAW["2026120403"]["decode"]}
     assert drawn_on == {*range(1, 9), 10, 12, 14, 16, 17, 20, 24, 28, 32, 33, 34, 40, 48, 49, 50, 56, 64, 66, 67, 80,
@@ -284,7 +286,7 @@ def test_decode_times_each_sliding_window_just_past_it():
 
 
 def test_around_is_the_grid_cell_of_a_point():
-    assert W.around("decode", 9, 896) == ((8, 768), (8, 1024), (10, 768), (10, 1024))
+    assert W.around("decode", 11, 896) == ((10, 768), (10, 1024), (12, 768), (12, 1024))
     assert W.around("decode", 5, 896, W.GRID_BY_1_5) == ((4, 768), (4, 1024), (6, 768), (6, 1024))  # another grid
     assert W.around("decode", 4, 1024) == ((4, 1024),)
     assert W.around("decode", 4, 896) == ((4, 768), (4, 1024))  # on a grid line: its two points
