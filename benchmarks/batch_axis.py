@@ -45,7 +45,7 @@ GRIDS = {
     "a factor of 1.5 or 1.33 (matrix/workloads.py DECODE_BATCHES_BY_1_5)": tuple(W.DECODE_BATCHES_BY_1_5),
     "a factor of about 1.2 (matrix/workloads.py DECODE_BATCHES_BY_1_2)": tuple(W.DECODE_BATCHES_BY_1_2),
     "workload grid: a factor of about 1.2, the end of each of the first six waves for 8 and 4 KV heads and the "
-    "first batch past it (matrix/workloads.py DECODE_BATCHES)": tuple(W.DECODE_BATCHES),
+    "first batch past it, and 9 (matrix/workloads.py DECODE_BATCHES)": tuple(W.DECODE_BATCHES),
     "every 2nd batch to 40, every 8th beyond": (1, *range(2, 41, 2), *range(48, 257, 8)),
     "every batch to 40, every 8th beyond": (*range(1, 41), *range(48, 257, 8)),
 }
