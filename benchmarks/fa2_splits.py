@@ -109,9 +109,7 @@ def analyse(rows: list[dict], scans: list[Path]) -> dict:
         if p.order[0][0] == BACKEND and ratio > 1.10:
             misses.append({"layer": name, "shape": f"b{b}_kv{n}", "splits": mine, "splits_around": around,
                            "measured_over_reading": round(ratio, 4)})
-    noise, orders = W.bucket_orders(rows)
-    band, spread_ = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
-    cells = W.selector_rows(orders)
+    band, spread_, cells = PR.timed_grid(rows)
     for (cell, hq, hkv, b, n), truth in sorted(PR.scan_truth(rows, scans).items()):
         layer = [r for r in cells.get(cell, ()) if r[:2] == (hq, hkv)]
         if cell[1] != "decode" or BACKEND not in truth or not layer or (b, n) in {(r[2], r[3]) for r in layer}:

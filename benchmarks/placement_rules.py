@@ -200,35 +200,42 @@ def scan_truth(rows: list[dict], scans: list[Path]) -> dict[tuple, dict[str, flo
     return timed
 
 
-def off_grid(rows: list[dict], scans: list[Path]):
-    """Every scanned point off the grid whose layer the grid timed, as the rules place it: (op, batch, length, the
-    scan's times there, the layer's timed rows, the noise and interpolation bands, the layer's FA3 waves or None)."""
+def timed_grid(rows: list[dict]) -> tuple[float, float, dict[tuple, list[tuple]]]:
+    """(the noise band, the interpolation band, the selector's rows per cell) of the committed timings: derived once
+    and handed to each comparison (`compare`, `on_scans`, `wave_misreads`)."""
     noise, orders = W.bucket_orders(rows)
-    band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
-    cells, waves = W.selector_rows(orders), layer_waves(rows)
+    return noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0, W.selector_rows(orders)
+
+
+def off_grid(rows: list[dict], scans: list[Path], grid: tuple | None = None):
+    """Every scanned point off the grid whose layer the grid timed, as the rules place it: (op, batch, length, the
+    scan's times there, the layer's timed rows, the noise and interpolation bands, the layer's FA3 waves or None).
+    `grid`: `timed_grid(rows)`, when already derived."""
+    band, spread, cells = grid or timed_grid(rows)
+    waves = layer_waves(rows)
     for (cell, hq, hkv, b, n), truth in sorted(scan_truth(rows, scans).items()):
         layer = [r for r in cells.get(cell, ()) if r[:2] == (hq, hkv)]
         if layer and (b, n) not in {(r[2], r[3]) for r in layer}:
             yield cell[1], b, n, truth, layer, band, spread, waves.get((cell, hq, hkv))
 
 
-def on_scans(rows: list[dict], scans: list[Path]) -> dict:
+def on_scans(rows: list[dict], scans: list[Path], grid: tuple | None = None) -> dict:
     """Per rule: the regret of its first choice at every scanned point off the grid, placed from the whole grid."""
     step = wave_step()
     regrets: dict[str, list[float]] = {r: [] for r in RULES}
     moves: dict[str, dict[str, int]] = {}
-    for op, b, n, truth, layer, band, spread, waves in off_grid(rows, scans):
+    for op, b, n, truth, layer, band, spread, waves in off_grid(rows, scans, grid):
         score(regrets, rule_orders(layer, op, b, n, band, spread, waves=waves, step=step), truth, moves)
     return summary(regrets, moves)
 
 
-def wave_misreads(rows: list[dict], scans: list[Path]) -> dict:
+def wave_misreads(rows: list[dict], scans: list[Path], grid: tuple | None = None) -> dict:
     """At the scanned decode points off the grid where FA3's split rule adds a wave over the most any timed point
     around needs (where `fa3_split_waves` reads vllm_fa3 slower): each backend's scanned time over the selector's
     reading of it, vllm_fa3's and the median of the others' at each point, and vllm_fa3's over the others': how
     much of its step the other backends share (median, p10, p90 over the points)."""
     ratios: dict[str, list[float]] = {"vllm_fa3": [], "others": [], "vllm_fa3_over_others": []}
-    for op, b, n, truth, layer, band, spread, waves in off_grid(rows, scans):
+    for op, b, n, truth, layer, band, spread, waves in off_grid(rows, scans, grid):
         if op != "decode" or waves is None:
             continue
         p = place(layer, op, {"batch_size": b, "context_len": n}, band, spread, graphs=GRAPHS, paths=PATHS)
@@ -247,14 +254,13 @@ def wave_misreads(rows: list[dict], scans: list[Path]) -> dict:
     return {"points": len(ratios["vllm_fa3"]), **{k: spread_of(v) for k, v in ratios.items()}}
 
 
-def compare(rows: list[dict]) -> dict:
+def compare(rows: list[dict], grid: tuple | None = None) -> dict:
     """Per rule: the regret of its first choice at every interior grid point, hidden (geomean, max, p99, over 1.10)."""
-    noise, orders = W.bucket_orders(rows)
-    band, spread = noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0
+    band, spread, cells = grid or timed_grid(rows)
     regrets: dict[str, list[float]] = {r: [] for r in RULES}
     moves: dict[str, dict[str, int]] = {}
     waves, step = layer_waves(rows), wave_step()
-    for key, cell in sorted(W.selector_rows(orders).items()):
+    for key, cell in sorted(cells.items()):
         for heads in sorted({r[:2] for r in cell}):  # each timed layer of the cell on its own
             layer = [r for r in cell if r[:2] == heads]
             by_point = {(r[2], r[3]): r for r in layer}
@@ -285,13 +291,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="also score the rules on this shape scan (benchmarks/shape_scan.py -o); repeatable")
     args = ap.parse_args(argv)
     rows = W.load_rows([Path(f) for f in args.files] if args.files else None)
-    result = compare(rows)
+    grid = timed_grid(rows)
+    result = compare(rows, grid)
     scans = [Path(f) for f in args.scan]
     if args.scans:
         scans += sorted((Path(__file__).parent / "results").glob("*scan-*.jsonl"), key=lambda f: f.name)
     if scans:
-        result["scans"] = {"files": [f.name for f in scans], "rules": on_scans(rows, scans),
-                           "fa3_added_wave": wave_misreads(rows, scans)}
+        result["scans"] = {"files": [f.name for f in scans], "rules": on_scans(rows, scans, grid),
+                           "fa3_added_wave": wave_misreads(rows, scans, grid)}
     if args.output:
         atomic_write_text(Path(args.output), json.dumps(result, indent=1, sort_keys=True) + "\n")
     print(f"interior grid points hidden in turn with their grid lines, each placed from the cell around it (noise band "
