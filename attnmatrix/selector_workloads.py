@@ -59,7 +59,7 @@ TILE = 128
 # the time still grows with the step's own sequences.
 GRAPH_OPS = ("decode",)
 # cuDNN's SDPA runs some decode steps whose cached length is a power of two on a faster path than its trend: at one
-# to three sequences it takes 9.2 us at 1024 tokens where 992 and 1056 take 12.4 and 11.8 (gemma-3-1b global), and at
+# and three sequences it takes 9.2 us at 1024 tokens where 992 and 1056 take 12.4 and 11.8 (gemma-3-1b global), and at
 # 65 sequences 9.6 us at 512 where 544 takes 13.7 (qwen3-235b); its time at other lengths follows a staircase that
 # never dips (benchmarks/results/scan-sm_90-h200-20261204-*-decode-context.jsonl: every decode layer call, contexts
 # 512-2176 every 32 tokens). Interpolated from such a point, a length near it is read as if it took the fast path. A
@@ -161,14 +161,17 @@ class Placement:
         heads = f"heads {self.heads[0]}/{self.heads[1]}"
         if self.exact:
             return f"{heads}, batch {self.batch}, length {self.length}"
-        if len(self.points) == 1:
-            return f"{heads}, the timed point nearest on the hinted axis: batch {self.batch}, length {self.length}"
-        near = ", ".join(f"{b}x{n}" for b, n in self.points)
         tiled = f"; {', '.join(self.tiled)} read off the {TILE}-token tile it is flat over" if self.tiled else ""
         graphed = "".join(f"; {b} read at batch {at}, timed in the CUDA graph vLLM runs batch {self.batch} in"
                           for b, at in self.graphed)
-        unpathed = "".join(f"; {b} read without its timings at {', '.join(map(str, ns))} tokens, a power of two where "
-                           f"it ran a faster path than at the lengths around" for b, ns in self.unpathed)
+        unpathed = "".join(
+            f"; {b} read without its timings at {', '.join(map(str, ns))} tokens, "
+            f"{'a power' if len(ns) == 1 else 'powers'} of two where it ran a faster path than at the lengths around"
+            for b, ns in self.unpathed)
+        if len(self.points) == 1:
+            return (f"{heads}, the timed point nearest on the hinted axis: batch {self.batch}, length {self.length}"
+                    f"{tiled}{graphed}{unpathed}")
+        near = ", ".join(f"{b}x{n}" for b, n in self.points)
         return (f"{heads}, batch {self.batch}, length {self.length}, "
                 f"interpolated from the timed points (batch x length) {near}{tiled}{graphed}{unpathed}")
 
@@ -268,13 +271,16 @@ def graph_readings(by_point, batch, length, graphs):
 
 
 def is_power_of_two(n):
+    """Whether the length `n` is a power of two (the lengths a fast path is looked for at)."""
     return n > 0 and n & (n - 1) == 0
 
 
 def fast_path_lengths(times, band):
     """The power-of-two lengths of one timed batch where a backend ran a fast path: its time there (`times`: length
     -> ms) below its reading from the other kind of timed length around it by more than `band`, log-linear
-    between the nearest on either side, or from the two nearest above where none is below."""
+    between the nearest on either side, or from the two nearest above where none is below (the grid's shortest
+    context, 512, is a power of two). A power of two past the longest other length is not judged: a query beyond
+    it is read from it as the grid's edge."""
     other = sorted(n for n in times if not is_power_of_two(n))
     out = []
     for n in sorted(x for x in times if is_power_of_two(x)):
@@ -291,7 +297,9 @@ def fast_path_lengths(times, band):
 def fast_path_readings(by_point, batch, length, weights, backends, band):
     """backend -> (the timed lengths left out, its time at (batch, length)) for each of `backends` (those declaring
     a fast path at powers of two) that ran its fast path (`fast_path_lengths`) at some of the points the query is
-    interpolated from (`weights`): interpolated from its timed points at the other lengths. {} at a power-of-two
+    interpolated from (`weights`): interpolated from its timed points at the other lengths; below the shortest of
+    them, read at it: just past a power of two cuDNN's time steps up to the next stair of its staircase and grows
+    little over it (qwen3-235b at 65 sequences: 13.7 us at 544 cached tokens, 14.3 at 768). {} at a power-of-two
     length (the query may take the path itself)."""
     if is_power_of_two(length):
         return {}

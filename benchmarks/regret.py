@@ -371,10 +371,12 @@ def report(args: argparse.Namespace) -> int:
     g = s["regret"]
     print(f"regret, selector with workload hints: geomean {g['geomean']}, max {g['max']} over {g['queries']} "
           f"held-out queries ({g['unanswered']} unanswered; {g['first_choice_fastest']} fastest, {g['within_noise']} "
-          f"within noise; {g['over_1.10']} over 1.10, where the fastest took at most "
-          f"{g['slowest_fastest_ms_over_1.10']} ms and at most {g['max_lost_us_over_1.10']} us was lost per call; "
-          f"at most {g['max_lost_us']} us lost per call over all; {g['over_1.10_marked_uncertain']} of the "
-          f"{g['over_1.10']} marked as a guess: the fastest within the selector's interpolation band of its pick)")
+          f"within noise; {g['over_1.10']} over 1.10"
+          + (f", where the fastest took at most {g['slowest_fastest_ms_over_1.10']} ms and at most "
+             f"{g['max_lost_us_over_1.10']} us was lost per call" if g["over_1.10"] else "")
+          + f"; at most {g['max_lost_us']} us lost per call over all"
+          + (f"; {g['over_1.10_marked_uncertain']} of the {g['over_1.10']} marked as a guess: the fastest within the "
+             f"selector's interpolation band of its pick" if g["over_1.10"] else "") + ")")
     if placement is not None:
         sure, guess = g["sure"], g["guess"]
         print(f"  where it could tell the backends apart ({sure['queries']} queries): geomean {sure['geomean']}, max "

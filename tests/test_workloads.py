@@ -632,6 +632,12 @@ def test_a_backend_with_a_fast_path_at_a_power_of_two_is_read_without_it_at_othe
     assert place(rows, "decode", {"batch_size": 2, "context_len": 880}, 1.0, band, paths=("fast",)).unpathed == ()
     assert place(rows, "decode", {"batch_size": 1, "context_len": 1024}, 1.0, band, paths=("fast",)).exact
     assert place(rows, "decode", {"batch_size": 1, "context_len": 512}, 1.0, band, paths=("fast",)).unpathed == ()
+    # a fast path at the shortest length (512): a query below the other lengths is read at the shortest of them, as
+    # past a power of two cuDNN's time steps up to its next stair
+    low = tuple((4, 1, b, n, 1, tuple(sorted((("fast", f), ("even", e)), key=lambda t: t[1])))
+                for b in (1, 2) for n, (f, e) in {512: (9.0, 10.0), 768: (14.0, 11.0), 1536: (20.0, 12.0)}.items())
+    below = place(low, "decode", {"batch_size": 1, "context_len": 600}, 1.0, band, paths=("fast",))
+    assert below.unpathed == (("fast", (512,)),) and dict(below.order)["fast"] == pytest.approx(14.0)
     assert place(rows, "prefill", {"batch_size": 1, "seq_len": 880}, 1.0, band, paths=("fast",)).unpathed == ()
 
 
