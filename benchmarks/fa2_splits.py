@@ -3,13 +3,15 @@
     python benchmarks/fa2_splits.py [-o SUMMARY.json]        # CPU, seconds
 
 FlashAttention 2 splits a decode step's KV cache among thread blocks by a heuristic of its own (upstream:
-Dao-AILab/flash-attention@00979f57 csrc/flash_attn/flash_api.cpp `num_splits_heuristic`, `set_params_splitkv`;
-flash-attn 2.8.3 runs the same): blocks of 64 KV tokens at head dim 256 (128 up to 128, 256 up to 64), one thread
-block per (sequence, head, 64 query rows) and split, against twice the SM count (128-thread blocks); no split
-when the blocks fill 80% of that; else the fewest splits whose wave of blocks is at least 85% as full as the
-fullest choice, a split count that leaves the blocks per split unchanged not counted. A decode call without a
-window packs a KV head's query heads as its query rows (`flash_attn_func`'s `seqlenq_ngroups_swapped`): one
-block per KV head of a sequence. With a window (right edge 0) it does not: one per query head.
+Dao-AILab/flash-attention@00979f57 csrc/flash_attn/flash_api.cpp `num_splits_heuristic`, `set_params_splitkv`,
+`mha_fwd`; the timings are flash-attn 2.8.3.post2's, whose source was not read here, and the rule read from that
+commit places its steps where they are timed, as at gemma-3-12b's 18 x 653 below): blocks of 64 KV tokens at head
+dim 256 (128 up to 128, 256 up to 64), one thread block per (sequence, head, 64 query rows) and split, against twice
+the SM count (128-thread blocks); no split when the blocks fill 80% of that; else the fewest splits whose wave of
+blocks is at least 85% as full as the fullest choice, a split count that leaves the blocks per split unchanged not
+counted. A decode call without a window packs a KV head's query heads as its query rows (`flash_attn_func`'s
+`seqlenq_ngroups_swapped`): one block per KV head of a sequence. With a window (right edge 0) it does not: one per
+query head.
 
 The split count turns on the batch and the context together, so a query between timed points can run another
 split than every point it is read from (gemma-3-12b's global layer, 18 sequences x 653 cached tokens: 11 splits of
