@@ -304,11 +304,12 @@ def fast_path_readings(by_point, batch, length, weights, backends, band):
     if is_power_of_two(length):
         return {}
     out = {}
+    around = {p for p, w in weights.items() if w > 0}
     for backend in backends:
         at = {p: dict(r[5])[backend] for p, r in by_point.items() if backend in dict(r[5])}
-        skip = {(b, n) for b in {p[0] for p in at}
-                for n in fast_path_lengths({p[1]: ms for p, ms in at.items() if p[0] == b}, band)}
-        lengths = {n for b, n in skip & {p for p, w in weights.items() if w > 0}}
+        lengths = {n for b in {p[0] for p in around}
+                   for n in fast_path_lengths({p[1]: ms for p, ms in at.items() if p[0] == b}, band)
+                   if (b, n) in around}
         if not lengths:
             continue
         # those lengths left out at every batch, so that the query's cell is bracketed by the other lengths

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -111,12 +110,12 @@ def analyse(rows: list[dict], scans: list[Path]) -> dict:
         if p.order[0][0] == BACKEND and ratio > 1.10:
             misses.append({"layer": name, "shape": f"b{b}_kv{n}", "splits": mine, "splits_around": around,
                            "measured_over_reading": round(ratio, 4)})
-    band, spread_, cells = PR.timed_grid(rows)
+    band, spread, cells = PR.timed_grid(rows)
     for (cell, hq, hkv, b, n), truth in sorted(PR.scan_truth(rows, scans).items()):
         layer = [r for r in cells.get(cell, ()) if r[:2] == (hq, hkv)]
         if cell[1] != "decode" or BACKEND not in truth or not layer or (b, n) in {(r[2], r[3]) for r in layer}:
             continue
-        p = PR.place(layer, "decode", {"batch_size": b, "context_len": n}, band, spread_, graphs=PR.GRAPHS,
+        p = PR.place(layer, "decode", {"batch_size": b, "context_len": n}, band, spread, graphs=PR.GRAPHS,
                      paths=PR.PATHS)
         if BACKEND not in dict(p.order):
             continue
@@ -125,14 +124,9 @@ def analyse(rows: list[dict], scans: list[Path]) -> dict:
         around = [splits(x, hq, hkv, cell[3], y, windowed) for x, y in p.points]
         ratios["scans"][kind(mine, around)].append(truth[BACKEND] / dict(p.order)[BACKEND])
     return {"backend": BACKEND, "sms": W.SMS,
-            "measured_over_reading": {src: {k: spread(v) for k, v in sorted(by.items())} for src, by in ratios.items()},
+            "measured_over_reading": {src: {k: {"points": len(v), **PR.ratio_spread(v), "max": round(max(v), 3)}
+                                            for k, v in sorted(by.items())} for src, by in ratios.items()},
             "picked_over_1.10": misses}
-
-
-def spread(xs: list[float]) -> dict:
-    xs = sorted(xs)
-    return {"points": len(xs), "median": round(statistics.median(xs), 3), "p10": round(xs[len(xs) // 10], 3),
-            "p90": round(xs[len(xs) * 9 // 10], 3), "max": round(xs[-1], 3)}
 
 
 def main(argv: list[str] | None = None) -> int:

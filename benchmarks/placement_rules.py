@@ -246,12 +246,14 @@ def wave_misreads(rows: list[dict], scans: list[Path], grid: tuple | None = None
             ratios["others"].append(statistics.median(others))
             ratios["vllm_fa3_over_others"].append(ratios["vllm_fa3"][-1] / ratios["others"][-1])
 
-    def spread_of(xs: list[float]) -> dict:
-        xs = sorted(xs)
-        return {"median": round(statistics.median(xs), 3), "p10": round(xs[len(xs) // 10], 3),
-                "p90": round(xs[len(xs) * 9 // 10], 3)} if xs else {}
+    return {"points": len(ratios["vllm_fa3"]), **{k: ratio_spread(v) for k, v in ratios.items()}}
 
-    return {"points": len(ratios["vllm_fa3"]), **{k: spread_of(v) for k, v in ratios.items()}}
+
+def ratio_spread(xs: list[float]) -> dict:
+    """{median, p10, p90} of ratios, rounded to 3 places; {} for none."""
+    xs = sorted(xs)
+    return {"median": round(statistics.median(xs), 3), "p10": round(xs[len(xs) // 10], 3),
+            "p90": round(xs[len(xs) * 9 // 10], 3)} if xs else {}
 
 
 def compare(rows: list[dict], grid: tuple | None = None) -> dict:
