@@ -141,6 +141,9 @@ GRID_WITH_SIX_WAVES = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83
 # axis's batches the ends replace, timed before), so that no drawn shape lies on a timed batch
 GRID_WITH_WAVE_ENDS = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [17, 34, 50, 67, 83, 100, 133, 166, 199]
                                      + [33, 49, 66, 82, 99, 132, 165, 198]))
+# the tenth draw's: the eighth's and batch 9 (STEP_BATCHES), every batch the committed timings hold
+GRID_WITH_STEP_BATCHES = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [9, 17, 34, 50, 67, 83, 100, 133, 166, 199]
+                                        + [33, 49, 66, 82, 99, 132, 165, 198]))
 
 
 def past_window(window: int | None) -> int | None:
@@ -215,6 +218,14 @@ _DECODE_FRESH_8 = ((9, 1967), (11, 8835), (11, 22371), (13, 27992), (18, 653), (
 _DECODE_FRESH_9 = ((9, 3031), (11, 1541), (15, 1314), (18, 1473), (18, 5427), (19, 997), (19, 25711), (23, 2643),
                    (26, 16449), (30, 690), (35, 790), (35, 1183), (35, 4074), (63, 14483), (74, 1296), (81, 1573),
                    (85, 3462), (97, 7278), (119, 5282), (139, 1742), (154, 1735), (193, 1725), (194, 1102), (225, 886))
+# The tenth, drawn on every batch the timings hold once batch 9 is timed (GRID_WITH_STEP_BATCHES), after every
+# placement rule of the selector and the grid were chosen, to judge them as they stand: prefill's shapes (also MLA
+# prefill's) the first drawn since the third draw: draw_shapes(2026120405, {"prefill": 8, "decode": 24},
+# grid=GRID_WITH_STEP_BATCHES).
+_PREFILL_FRESH_10 = ((5, 5574), (13, 398), (19, 2022), (20, 709), (22, 324), (36, 660), (40, 344), (46, 619))
+_DECODE_FRESH_10 = ((13, 9132), (15, 1839), (18, 734), (23, 1969), (23, 2551), (23, 31344), (25, 11603), (25, 12943),
+                    (30, 530), (36, 773), (36, 4128), (44, 9183), (45, 645), (45, 3232), (52, 571), (57, 6462),
+                    (69, 6850), (74, 720), (75, 1704), (91, 925), (92, 685), (94, 4087), (123, 2133), (183, 1076))
 # draw (its seed) -> op -> shapes, oldest first; FRESH: every draw's shapes per op
 FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_FRESH, "decode": _DECODE_FRESH},
                "20261203": {"decode": _DECODE_FRESH_GRAPHS},
@@ -225,18 +236,21 @@ FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_F
                "2026120401": {"decode": _DECODE_FRESH_6},
                "2026120402": {"decode": _DECODE_FRESH_7},
                "2026120403": {"decode": _DECODE_FRESH_8},
-               "2026120404": {"decode": _DECODE_FRESH_9}}
+               "2026120404": {"decode": _DECODE_FRESH_9},
+               "2026120405": {"prefill": _PREFILL_FRESH_10, "mla_prefill": _PREFILL_FRESH_10,
+                              "decode": _DECODE_FRESH_10}}
 GRID_OF_DRAW = {"20261202": GRID_BY_1_5, "20261203": GRID_BY_1_5, "2026120302": GRID_BY_1_5, "2026120303": GRID_BY_1_2,
                 "2026120304": GRID_WITH_WAVES, "2026120401": GRID_WITH_UNALIGNED, "2026120402": GRID_WITH_SIX_WAVES,
-                "2026120403": GRID_WITH_WAVE_ENDS, "2026120404": GRID_WITH_WAVE_ENDS}
+                "2026120403": GRID_WITH_WAVE_ENDS, "2026120404": GRID_WITH_WAVE_ENDS,
+                "2026120405": GRID_WITH_STEP_BATCHES}
 FRESH = {op: tuple(p for draw in FRESH_DRAWS.values() for p in draw.get(op, ())) for op in BUCKETS}
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
-    "prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
-    "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3,
+    "prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3 + _PREFILL_FRESH_10,
+    "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3 + _PREFILL_FRESH_10,
     "decode": ((1, 880), (5, 10000), (7, 1770), (10, 5000), (20, 2500), (40, 1250), (80, 3550), (160, 620))
     + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3 + _DECODE_FRESH_4 + _DECODE_FRESH_5 + _DECODE_FRESH_6
-    + _DECODE_FRESH_7 + _DECODE_FRESH_8 + _DECODE_FRESH_9,
+    + _DECODE_FRESH_7 + _DECODE_FRESH_8 + _DECODE_FRESH_9 + _DECODE_FRESH_10,
 }
 DEFAULT_MODELS = Path(__file__).resolve().parent / "data" / "models.json"
 
