@@ -302,7 +302,7 @@ class Engine:
             return None
         return place(rows, op, hints, self.data.get("workload_band", 1.0),
                      self.data.get("workload_interpolation_band", 1.0), graphs=self.data.get("graph_batches"),
-                     paths=self.data.get("power_of_two_paths", ()))
+                     paths=self.data.get("power_of_two_paths", ()), whole_tiles=self.data.get("whole_tiles", ()))
 
     def query(self, arch, op, dtype, head_dim, head_dim_v, feats, hints=None, feats_for=None):
         """(supported answers best first, every answer, the declared ranking consulted or None).

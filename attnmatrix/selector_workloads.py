@@ -16,7 +16,8 @@ timed points stand in, weighted by 1 / squared distance. A backend not timed at 
 those it was timed at. With one axis hinted, the timed point nearest on that axis is used. A backend whose decode
 split follows the batch of vLLM's CUDA graph (DATA['graph_batches']) is read in the query's graph (`graph_readings`),
 and one that runs a fast path at some power-of-two decode lengths (DATA['power_of_two_paths']) is read at other
-lengths without the timings where it took it (`fast_path_readings`).
+lengths without the timings where it took it (`fast_path_readings`), and one that computes a prefill's keys in whole
+tiles (DATA['whole_tiles']) is read at the end of the query's tile (`tile_end_readings`).
 
 Standard library only: part of the vendored selector (selector.py, selector_engine.py, selector_vllm.py,
 selector_workloads.py, vocabulary.py).
@@ -68,6 +69,18 @@ GRAPH_OPS = ("decode",)
 # query at another length reads that backend without it (`fast_path_readings`); a path within the band is left in,
 # as the timed points cannot tell it from the kernel's trend.
 FAST_PATH_OPS = ("decode",)
+# A backend that computes a prefill's keys in whole TILE-token tiles (DATA['whole_tiles']: cuDNN) takes the time of
+# the tile's end at every length of the tile (above: 150 us at every length from 264 to 384 tokens, 231 from 392 to
+# 512, 40 sequences of qwen3-32b). Between two timed lengths two or more tiles apart (the grid's lengths past 512 are
+# 128 to 1024 tokens apart) an interpolation reads a length early in a tile as if it paid for part of the next tiles:
+# 46 sequences of 619 tokens, in the tile that ends at 640, were read between 552 and 808 (five and seven tiles).
+# Such a backend is read at its tile's end, among the timed multiples of LENGTH_ALIGNMENT, whose tile-end times follow
+# its staircase, times what its partial tile costs it over the tile's end (`tile_end_readings`, `partial_tile`); where
+# the grid times a length of the query's tile past a multiple of LENGTH_ALIGNMENT and its end, the backend is read
+# off those two instead (`tile_readings`).
+# MLA prefill's cuDNN call (head dims 192/128 and 256) is read as the others are: read so, it placed the hidden grid
+# points of MLA prefill worse (benchmarks/placement_rules.py `whole_tiles_mla`), and no scan shows its tiles.
+WHOLE_TILE_OPS = ("prefill",)
 
 
 def workload_features(op, feats):
@@ -145,10 +158,10 @@ class Placement:
     band: the timed points cannot tell them apart there."""
 
     __slots__ = ("heads", "batch", "length", "points", "exact", "order", "ties", "uncertain", "tiled", "graphed",
-                 "unpathed")
+                 "unpathed", "tile_ends")
 
     def __init__(self, heads, batch, length, points, exact, order, ties, uncertain=None, tiled=(), graphed=(),
-                 unpathed=()):
+                 unpathed=(), tile_ends=()):
         self.heads, self.batch, self.length = heads, batch, length
         self.points, self.exact, self.order, self.ties = points, exact, order, ties
         self.uncertain = ties if uncertain is None else max(ties, uncertain)
@@ -156,6 +169,7 @@ class Placement:
         self.graphed = graphed  # ((backend, batch read at), ...): read in the query's CUDA graph (`graph_readings`)
         # ((backend, (length, ...)), ...): read without the timed lengths of its fast path (`fast_path_readings`)
         self.unpathed = unpathed
+        self.tile_ends = tile_ends  # ((backend, length read at), ...): read at its tile's end (`tile_end_readings`)
 
     def basis(self) -> str:
         heads = f"heads {self.heads[0]}/{self.heads[1]}"
@@ -168,12 +182,14 @@ class Placement:
             f"; {b} read without its timings at {', '.join(map(str, ns))} tokens, "
             f"{'a power' if len(ns) == 1 else 'powers'} of two where it ran a faster path than at the lengths around"
             for b, ns in self.unpathed)
+        ends = "".join(f"; {b} read at {at} tokens, the end of the {TILE}-token tile it computes whole"
+                       for b, at in self.tile_ends)
         if len(self.points) == 1:
             return (f"{heads}, the timed point nearest on the hinted axis: batch {self.batch}, length {self.length}"
-                    f"{tiled}{graphed}{unpathed}")
+                    f"{tiled}{graphed}{unpathed}{ends}")
         near = ", ".join(f"{b}x{n}" for b, n in self.points)
         return (f"{heads}, batch {self.batch}, length {self.length}, "
-                f"interpolated from the timed points (batch x length) {near}{tiled}{graphed}{unpathed}")
+                f"interpolated from the timed points (batch x length) {near}{tiled}{graphed}{unpathed}{ends}")
 
 
 def bracket(v, values):
@@ -233,6 +249,40 @@ def tile_readings(by_point, batch, length, band):
         if all(max(at[backend], e[backend]) / min(at[backend], e[backend]) <= band for at, e in timed.values()):
             out[backend] = log_mean(weights, {(b, past[0]): at[backend] for b, (at, _) in timed.items()})
     return out
+
+
+def tile_end(length):
+    """The last length of the TILE-token tile `length` falls in: the length a whole-tile backend takes the time of."""
+    return -(-length // TILE) * TILE
+
+
+def tile_end_readings(by_point, batch, length, backends):
+    """backend -> (the tile's end, its time at (batch, length)) for each of `backends` (those computing whole tiles)
+    at a length that is not itself a tile's end: its time at the tile's end, interpolated in log space among its
+    timed multiples of LENGTH_ALIGNMENT (`series` of the tile's end), times its partial tile (`partial_tile`). {} at
+    a tile's end (the query's own reading is the tile's)."""
+    end = tile_end(length)
+    if end == length or not backends:
+        return {}
+    aligned = series(by_point, end, batch)
+    out = {}
+    for backend in backends:
+        times = {p: dict(r[5])[backend] for p, r in by_point.items() if backend in dict(r[5])}
+        at = {p: times[p] for p in aligned if p in times}
+        if at:
+            w = {p: x for p, x in interpolation_weights(at, batch, end).items() if x > 0}
+            out[backend] = (end, log_mean(w, at) * partial_tile(times))
+    return out
+
+
+def partial_tile(times):
+    """How much longer a whole-tile backend takes at a length within a tile than at the tile's end (which leaves no
+    partial tile to mask: 146 us at 384 tokens where 264-376 take 150, qwen3-32b at 40 sequences): the median, over
+    the timed lengths of a layer that are not a tile's end and whose tile's end was timed at the same batch, of the
+    one's time over the other's; 1.0 where the grid times no such pair. `times`: (batch, length) -> ms."""
+    ratios = sorted(ms / times[(b, tile_end(n))] for (b, n), ms in times.items()
+                    if tile_end(n) != n and (b, tile_end(n)) in times)
+    return ratios[len(ratios) // 2] if ratios else 1.0
 
 
 def graph_reading_batch(batch, sizes, timed):
@@ -324,7 +374,8 @@ def _within(order, band):
     return sum(1 for _, ms in order if ms / order[0][1] <= band) if order else 0
 
 
-def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graphs=None, paths=()):
+def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graphs=None, paths=(), whole_tiles=(),
+          tile_ops=WHOLE_TILE_OPS):
     """The Placement of a hinted query among a cell's timed rows, or None without a usable hint. `band`: the
     measurement noise within which two timings tie; `spread`: the interpolation error within which two backends
     placed between timed points cannot be told apart; `by_kind`: among the timed lengths of the query's kind
@@ -332,7 +383,9 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graph
     it (`tile_readings`; False: interpolated like the others); `graphs`: backend -> vLLM's captured batch sizes,
     for the backends whose decode split follows them (read in the query's graph: `graph_readings`; None: none);
     `paths`: the backends that run a fast path at some power-of-two lengths (read at other lengths without the
-    timings where they took it: `fast_path_readings`). The last four as benchmarks/placement_rules.py compares rules."""
+    timings where they took it: `fast_path_readings`); `whole_tiles`: the backends that compute a prefill's keys in
+    whole tiles (read at the query's tile's end: `tile_end_readings`) at the ops of `tile_ops`. The last six as
+    benchmarks/placement_rules.py compares rules."""
     point = hinted_point(op, hints)
     if not rows or point is None:
         return None
@@ -361,10 +414,15 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graph
     # a backend read in its graph is not also read off its tile (decode's timed lengths are all multiples of 64)
     tiled = {b: ms for b, ms in (tile_readings(every, batch, length, spread) if tiles else {}).items()
              if b not in graphed}
+    # one read off its tile is read from its own two times in the tile, not at the tile's end
+    ended = (tile_end_readings(every, batch, length, [b for b in whole_tiles if b in est and b not in tiled])
+             if op in tile_ops else {})
     est.update(tiled)
     est.update({b: ms for b, (_, ms) in graphed.items()})
+    est.update({b: ms for b, (_, ms) in ended.items()})
     order = tuple(sorted(((b, round(ms, 5)) for b, ms in est.items()), key=lambda x: (x[1], x[0])))
     unpathed = {b: v for b, v in unpathed.items() if b not in graphed and b not in tiled}
     return Placement(heads, batch, length, tuple(sorted(weights)), False, order, _within(order, band),
                      _within(order, spread), tuple(tiled), tuple((b, at) for b, (at, _) in graphed.items()),
-                     tuple((b, ns) for b, (ns, _) in sorted(unpathed.items())))
+                     tuple((b, ns) for b, (ns, _) in sorted(unpathed.items())),
+                     tuple((b, at) for b, (at, _) in sorted(ended.items())))

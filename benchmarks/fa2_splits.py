@@ -116,7 +116,7 @@ def analyse(rows: list[dict], scans: list[Path]) -> dict:
         if cell[1] != "decode" or BACKEND not in truth or not layer or (b, n) in {(r[2], r[3]) for r in layer}:
             continue
         p = PR.place(layer, "decode", {"batch_size": b, "context_len": n}, band, spread, graphs=PR.GRAPHS,
-                     paths=PR.PATHS)
+                     paths=PR.PATHS, whole_tiles=PR.WHOLE_TILES)
         if BACKEND not in dict(p.order):
             continue
         windowed = "sliding_window" in cell[5]

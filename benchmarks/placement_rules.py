@@ -21,6 +21,10 @@ Rules:
 - `no_fast_paths`: `interpolate` without leaving out the timed power-of-two decode lengths where a backend that
   declares such a fast path (backends.json `fast_path_at_powers_of_two`: cuDNN) ran it
   (`selector_workloads.fast_path_readings`).
+- `no_whole_tiles`: `interpolate` without reading a backend that computes a prefill's keys in whole 128-token tiles
+  (backends.json `prefill_in_whole_tiles`: cuDNN) at the end of the query's tile
+  (`selector_workloads.tile_end_readings`); MLA prefill is not read so (`selector_workloads.WHOLE_TILE_OPS`), and the
+  line `whole_tiles_mla` scores reading it so there too.
 - `no_graphs`: `interpolate` without reading a backend whose decode split follows vLLM's captured batch (backends.json
   `splits_see_graph_batch`) in the query's CUDA graph (`selector_workloads.graph_readings`).
 - `graphs_all_vllm`: `interpolate` with every vLLM FlashAttention build read in the query's CUDA graph, vLLM's FA3
@@ -54,21 +58,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnmatrix.matrix import workloads as W
-from attnmatrix.matrix.backends import backends, power_of_two_paths
+from attnmatrix.matrix.backends import backends, power_of_two_paths, whole_tile_backends
 from attnmatrix.matrix.storage import atomic_write_text
 from attnmatrix.matrix.vllm_graphs import capture_sizes, declared_graph_batches
 
-from attnmatrix.selector_workloads import LENGTH_HINT, place, series
+from attnmatrix.selector_workloads import LENGTH_HINT, WHOLE_TILE_OPS, place, series
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fa3_split_waves as fa3  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
 
-RULES = ("interpolate", "least_worst_ratio", "any_length", "no_tiles", "no_fast_paths", "no_graphs",
-         "graphs_all_vllm", "fa3_split_waves", "fa4_waves")
+RULES = ("interpolate", "least_worst_ratio", "any_length", "no_tiles", "no_fast_paths", "no_whole_tiles",
+         "whole_tiles_mla", "no_graphs", "graphs_all_vllm", "fa3_split_waves", "fa4_waves")
 # The backends read in the query's CUDA graph: as declared (backends.json), and by `graphs_all_vllm`.
 GRAPHS = declared_graph_batches()
 # The backends read without their power-of-two fast path, as declared (backends.json).
 PATHS = power_of_two_paths({name: info.meta for name, info in backends().items()})
+# The backends read at the end of a prefill query's tile, as declared (backends.json).
+WHOLE_TILES = whole_tile_backends({name: info.meta for name, info in backends().items()})
 ALL_VLLM_GRAPHS = {b: tuple(capture_sizes()) for b in ("vllm_fa2", "vllm_fa3", "vllm_fa4")}
 
 
@@ -125,9 +131,10 @@ def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float
     hints = {"batch_size": batch, LENGTH_HINT[op]: length}
 
     def order_of(**kw) -> list[str]:
-        return [b for b, _ in place(rows, op, hints, band, spread, **{"graphs": graphs, "paths": PATHS, **kw}).order]
+        return [b for b, _ in place(rows, op, hints, band, spread,
+                                    **{"graphs": graphs, "paths": PATHS, "whole_tiles": WHOLE_TILES, **kw}).order]
 
-    p = place(rows, op, hints, band, spread, graphs=graphs, paths=PATHS)
+    p = place(rows, op, hints, band, spread, graphs=graphs, paths=PATHS, whole_tiles=WHOLE_TILES)
     timed = {(r[2], r[3]): dict(r[5]) for r in rows}
     around = [q for q in p.points if q in timed]
     est = dict(p.order)
@@ -146,6 +153,8 @@ def rule_orders(rows: list[tuple], op: str, batch: int, length: int, band: float
             "any_length": order_of(by_kind=False),
             "no_tiles": order_of(tiles=False),
             "no_fast_paths": order_of(paths=()),
+            "no_whole_tiles": order_of(whole_tiles=()),
+            "whole_tiles_mla": order_of(tile_ops=(*WHOLE_TILE_OPS, "mla_prefill")),
             "no_graphs": order_of(graphs={}),
             "graphs_all_vllm": order_of(graphs=ALL_VLLM_GRAPHS),
             "fa3_split_waves": sorted(stepped, key=lambda b: (stepped[b], b)),
@@ -238,7 +247,8 @@ def wave_misreads(rows: list[dict], scans: list[Path], grid: tuple | None = None
     for op, b, n, truth, layer, band, spread, waves in off_grid(rows, scans, grid):
         if op != "decode" or waves is None:
             continue
-        p = place(layer, op, {"batch_size": b, "context_len": n}, band, spread, graphs=GRAPHS, paths=PATHS)
+        p = place(layer, op, {"batch_size": b, "context_len": n}, band, spread, graphs=GRAPHS, paths=PATHS,
+                  whole_tiles=WHOLE_TILES)
         est = dict(p.order)
         others = [truth[x] / est[x] for x in truth if x != fa3.BACKEND and x in est]
         if added_waves(waves, b, n, p.points) > 0 and fa3.BACKEND in truth and fa3.BACKEND in est and others:

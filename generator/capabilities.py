@@ -16,7 +16,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from attnmatrix.matrix.backends import DEFAULT_RANK_MISSING, default_rank, engine_names, power_of_two_paths
+from attnmatrix.matrix.backends import (
+    DEFAULT_RANK_MISSING,
+    default_rank,
+    engine_names,
+    power_of_two_paths,
+    whole_tile_backends,
+)
 from attnmatrix.matrix.policy import ResolvedCell, ResolvedMatrix
 from attnmatrix.matrix.records import Record
 from attnmatrix.matrix.vllm_graphs import graph_batches
@@ -191,6 +197,8 @@ def engine_data(m: ResolvedMatrix, *, include_cpu: bool = False) -> dict:
         "graph_batches": graph_batches({b: m.backends[b] for b in public}),
         # the backends whose decode placement leaves out their power-of-two fast path
         "power_of_two_paths": power_of_two_paths({b: m.backends[b] for b in public}),
+        # the backends whose prefill placement reads them at the end of the query's tile
+        "whole_tiles": whole_tile_backends({b: m.backends[b] for b in public}),
     }
 
 

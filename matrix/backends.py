@@ -37,6 +37,8 @@ GRAPH_SPLITS_FIELD = "splits_see_graph_batch"
 # The kernel runs some decode steps of a power-of-two cached length on a faster path than its trend
 # (attnmatrix/selector_workloads.py FAST_PATH_OPS).
 POWER_OF_TWO_FIELD = "fast_path_at_powers_of_two"
+# The kernel computes a prefill's keys in whole 128-token tiles (attnmatrix/selector_workloads.py WHOLE_TILE_OPS).
+WHOLE_TILES_FIELD = "prefill_in_whole_tiles"
 
 
 class RegistryError(ValueError):
@@ -146,6 +148,12 @@ def power_of_two_paths(entries: dict[str, dict]) -> tuple[str, ...]:
     return tuple(sorted(b for b, meta in entries.items() if meta.get(POWER_OF_TWO_FIELD) is True))
 
 
+def whole_tile_backends(entries: dict[str, dict]) -> tuple[str, ...]:
+    """The backends whose entry declares `prefill_in_whole_tiles`: what the selector's prefill placement reads at
+    the end of the query's tile (selector_workloads.tile_end_readings)."""
+    return tuple(sorted(b for b, meta in entries.items() if meta.get(WHOLE_TILES_FIELD) is True))
+
+
 def read(path: Path) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     """(entries, problems) of a backends.json: every entry an object with a well-formed default_rank; an entry
     that declares an implementing `module` also its whole identity. Raises OSError/ValueError when the file
@@ -163,7 +171,7 @@ def read(path: Path) -> tuple[dict[str, dict], list[tuple[str, str]]]:
             problems.append((f"backends.{name}.{DEFAULT_RANK_FIELD}", problem))
         if "module" in meta:
             problems += identity_problems(name, meta)
-        for field in (GRAPH_SPLITS_FIELD, POWER_OF_TWO_FIELD):
+        for field in (GRAPH_SPLITS_FIELD, POWER_OF_TWO_FIELD, WHOLE_TILES_FIELD):
             flag = meta.get(field)
             if flag is not None and not isinstance(flag, bool):
                 problems.append((f"backends.{name}.{field}", f"expected true or false, got {flag!r}"))

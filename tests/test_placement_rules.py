@@ -140,6 +140,24 @@ def test_no_fast_paths_interpolates_through_a_power_of_two_fast_path(monkeypatch
     assert R.PATHS == ("fast",) and set(R.RULES) == set(picks)
 
 
+def test_no_whole_tiles_interpolates_a_whole_tile_backend_and_whole_tiles_mla_reads_mla_prefill_so(monkeypatch):
+    R = _rules()
+
+    # `tiles` takes 1.0 per 128-token tile; `smooth` grows with the length: at 619 (five tiles, read between 552
+    # and 808, five and seven) the selector reads tiles at its tile's end, 640
+    def tiles(n):
+        return float(-(-n // 128))
+
+    rows = [(8, 8, b, n, 1, tuple(sorted((("tiles", b * tiles(n)), ("smooth", b * n / 118)), key=lambda t: t[1])))
+            for b in (32, 48) for n in (512, 552, 768, 808)]
+    monkeypatch.setattr(R, "WHOLE_TILES", ("tiles",))
+    picks = R.rule_orders(rows, "prefill", 40, 619, 1.01, 1.1, graphs={})
+    assert picks["interpolate"][0] == "tiles" and picks["no_whole_tiles"][0] == "smooth"
+    mla = R.rule_orders(rows, "mla_prefill", 40, 619, 1.01, 1.1, graphs={})
+    assert mla["interpolate"][0] == "smooth" and mla["whole_tiles_mla"][0] == "tiles"
+    assert set(R.RULES) == set(picks)
+
+
 def test_fa4_waves_reads_fa4_at_the_timed_batch_of_its_wave():
     R = _rules()
     from attnmatrix.selector_workloads import place

@@ -653,6 +653,49 @@ def test_the_power_of_two_paths_are_declared_in_the_backend_registry(tmp_path):
     assert B.read(f)[1] == [("backends.x.fast_path_at_powers_of_two", "expected true or false, got 1")]
 
 
+def test_a_backend_computing_whole_tiles_is_read_at_its_tiles_end_times_its_partial_tile():
+    from attnmatrix.selector_workloads import partial_tile, place, tile_end
+
+    assert [tile_end(n) for n in (1, 128, 129, 619, 640, 641)] == [128, 128, 256, 640, 640, 768]
+    # `tiles` takes 1.0 per 128-token tile, 2% more within a tile than at its end; `smooth` grows with the length.
+    # The grid times 424 with its tile's end (512), and 552 and 808 without theirs (640, 896).
+    def tiles(n):
+        return -(-n // 128) * (1.0 if n % 128 == 0 else 1.02)
+
+    lengths = (384, 424, 512, 552, 768, 808, 1024)
+    rows = tuple((8, 8, b, n, 1, tuple(sorted((("tiles", b * tiles(n)), ("smooth", b * n / 118)),
+                                              key=lambda t: t[1])))
+                 for b in (32, 48) for n in lengths)
+    times = {(r[2], r[3]): dict(r[5])["tiles"] for r in rows}
+    assert partial_tile(times) == pytest.approx(1.02) and partial_tile({(1, 512): 1.0}) == 1.0
+    # 619 is in the tile that ends at 640: five tiles. Interpolated between 552 and 808 (five and seven) `tiles`
+    # reads slower than `smooth`; at its tile's end, between 512 and 768 at 640, times 1.02, it is the faster
+    hints = {"batch_size": 40, "seq_len": 619}
+    assert place(rows, "prefill", hints).order[0][0] == "smooth"
+    placed = place(rows, "prefill", hints, whole_tiles=("tiles",))
+    assert placed.order[0][0] == "tiles" and placed.tile_ends == (("tiles", 640),)
+    assert dict(placed.order)["tiles"] == pytest.approx(40 * 5 * 1.02, rel=1e-3)
+    assert placed.basis().endswith("; tiles read at 640 tokens, the end of the 128-token tile it computes whole")
+    # decode and MLA prefill are not read so; a tile's end is its own reading, and a tile the grid times a length of
+    # past a multiple of 64 and its end (424 and 512) is read off those two (`tile_readings`)
+    assert place(rows, "mla_prefill", hints, whole_tiles=("tiles",)).tile_ends == ()
+    assert place(rows, "prefill", {"batch_size": 40, "seq_len": 640}, whole_tiles=("tiles",)).tile_ends == ()
+    within = place(rows, "prefill", {"batch_size": 40, "seq_len": 460}, 1.0, 1.05, whole_tiles=("tiles",))
+    assert within.tile_ends == () and within.tiled == ("tiles",)
+
+
+def test_the_whole_tile_backends_are_declared_in_the_backend_registry(tmp_path):
+    from attnmatrix.matrix import backends as B
+
+    from attnmatrix import selector
+
+    declared = B.whole_tile_backends({n: i.meta for n, i in B.backends().items()})
+    assert declared == ("sdpa_cudnn",) and tuple(selector.DATA["whole_tiles"]) == declared
+    f = tmp_path / "backends.json"
+    f.write_text(json.dumps({"backends": {"x": {"prefill_in_whole_tiles": "yes"}}}), encoding="utf-8")
+    assert B.read(f)[1] == [("backends.x.prefill_in_whole_tiles", "expected true or false, got 'yes'")]
+
+
 def test_the_graph_batches_are_declared_in_the_backend_registry():
     from attnmatrix.matrix.vllm_graphs import capture_sizes, declared_graph_batches, graph_batches
 
