@@ -226,6 +226,11 @@ _PREFILL_FRESH_10 = ((5, 5574), (13, 398), (19, 2022), (20, 709), (22, 324), (36
 _DECODE_FRESH_10 = ((13, 9132), (15, 1839), (18, 734), (23, 1969), (23, 2551), (23, 31344), (25, 11603), (25, 12943),
                     (30, 530), (36, 773), (36, 4128), (44, 9183), (45, 645), (45, 3232), (52, 571), (57, 6462),
                     (69, 6850), (74, 720), (75, 1704), (91, 925), (92, 685), (94, 4087), (123, 2133), (183, 1076))
+# The eleventh, prefill's (also MLA prefill's), drawn after cuDNN's prefill was read at the end of its tile
+# (selector_workloads.tile_end_readings), a rule chosen after the tenth draw's prefill misses, to judge it:
+# draw_shapes(2026120406, {"prefill": 16}, grid=GRID_WITH_STEP_BATCHES).
+_PREFILL_FRESH_11 = ((5, 398), (5, 427), (5, 2250), (5, 6040), (7, 1361), (7, 2262), (9, 474), (9, 1763), (14, 1259),
+                     (15, 353), (23, 421), (23, 644), (27, 1518), (33, 313), (36, 639), (47, 487))
 # draw (its seed) -> op -> shapes, oldest first; FRESH: every draw's shapes per op
 FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_FRESH, "decode": _DECODE_FRESH},
                "20261203": {"decode": _DECODE_FRESH_GRAPHS},
@@ -238,16 +243,17 @@ FRESH_DRAWS = {"20261202": {"prefill": _PREFILL_FRESH, "mla_prefill": _PREFILL_F
                "2026120403": {"decode": _DECODE_FRESH_8},
                "2026120404": {"decode": _DECODE_FRESH_9},
                "2026120405": {"prefill": _PREFILL_FRESH_10, "mla_prefill": _PREFILL_FRESH_10,
-                              "decode": _DECODE_FRESH_10}}
+                              "decode": _DECODE_FRESH_10},
+               "2026120406": {"prefill": _PREFILL_FRESH_11, "mla_prefill": _PREFILL_FRESH_11}}
 GRID_OF_DRAW = {"20261202": GRID_BY_1_5, "20261203": GRID_BY_1_5, "2026120302": GRID_BY_1_5, "2026120303": GRID_BY_1_2,
                 "2026120304": GRID_WITH_WAVES, "2026120401": GRID_WITH_UNALIGNED, "2026120402": GRID_WITH_SIX_WAVES,
                 "2026120403": GRID_WITH_WAVE_ENDS, "2026120404": GRID_WITH_WAVE_ENDS,
-                "2026120405": GRID_WITH_STEP_BATCHES}
+                "2026120405": GRID_WITH_STEP_BATCHES, "2026120406": GRID_WITH_STEP_BATCHES}
 FRESH = {op: tuple(p for draw in FRESH_DRAWS.values() for p in draw.get(op, ())) for op in BUCKETS}
 _PREFILL_HELD_OUT = ((1, 700), (2, 11000), (5, 640), (5, 3000), (7, 1500), (14, 460), (20, 700), (40, 360))
 HELD_OUT: dict[str, tuple[tuple[int, int], ...]] = {
-    "prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3 + _PREFILL_FRESH_10,
-    "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3 + _PREFILL_FRESH_10,
+    "prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3 + _PREFILL_FRESH_10 + _PREFILL_FRESH_11,
+    "mla_prefill": _PREFILL_HELD_OUT + _PREFILL_FRESH + _PREFILL_FRESH_3 + _PREFILL_FRESH_10 + _PREFILL_FRESH_11,
     "decode": ((1, 880), (5, 10000), (7, 1770), (10, 5000), (20, 2500), (40, 1250), (80, 3550), (160, 620))
     + _DECODE_FRESH + _DECODE_FRESH_GRAPHS + _DECODE_FRESH_3 + _DECODE_FRESH_4 + _DECODE_FRESH_5 + _DECODE_FRESH_6
     + _DECODE_FRESH_7 + _DECODE_FRESH_8 + _DECODE_FRESH_9 + _DECODE_FRESH_10,
