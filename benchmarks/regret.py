@@ -283,7 +283,9 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
                    "fresh": {"queries": len(fresh), "geomean": _r(geomean(fresh)), "max": max(fresh, default=None),
                              "over_1.10": sum(1 for x in fresh if x > 1.10)},
                    "fresh_draws": {d: {"queries": len(xs), "geomean": _r(geomean(xs)), "max": max(xs, default=None),
-                                       "over_1.10": sum(1 for x in xs if x > 1.10)} for d, xs in draws.items() if xs}},
+                                       "over_1.10": sum(1 for x in xs if x > 1.10)} for d, xs in draws.items() if xs},
+                   # draws committed after the newest timed one and not timed yet: the judges still to come
+                   "pending_draws": pending_draws(draws)},
         "regret_without_hints": {"queries": len(plain), "geomean": _r(geomean(plain)), "max": max(plain, default=None)},
         "nearby_winners_best": {"queries": len(bound), "geomean": _r(geomean(bound)), "max": max(bound, default=None),
                        "over_1.10": sum(1 for x in bound if x > 1.10),
@@ -296,6 +298,13 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
         "rankings": rankings,
         "queries": queries,
     }
+
+
+def pending_draws(draws: dict[str, list[float]]) -> list[str]:
+    """The draws (oldest first, as workloads.FRESH_DRAWS) after the newest one with timings, none timed yet."""
+    names = list(draws)
+    timed = [i for i, d in enumerate(names) if draws[d]]
+    return names[timed[-1] + 1:] if timed else names
 
 
 def _r(x: float | None) -> float | None:
@@ -390,6 +399,8 @@ def report(args: argparse.Namespace) -> int:
         for d, x in g["fresh_draws"].items():
             print(f"    drawn {d} ({x['queries']} queries): geomean {x['geomean']}, max {x['max']}, "
                   f"{x['over_1.10']} over 1.10")
+        for d in g.get("pending_draws", ()):
+            print(f"    drawn {d}: not timed yet (its shapes judge the rules chosen before it was drawn)")
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
           f"max {s['regret_without_hints']['max']}")
     b = s["nearby_winners_best"]

@@ -156,11 +156,14 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     slow = [{**r, "backend": "slow", "ms": r["ms"] * 1.2} for r in rows
             if r["set"] == "held_out" and r["op"] == "decode"]
     slow += [{**r, "backend": "slow"} for r in rows if r["set"] == "check" and r["layer"] == "tiny:global"]
-    monkeypatch.setattr(W, "FRESH_DRAWS", {"d1": {"decode": ((3, 100),)}})
+    monkeypatch.setattr(W, "FRESH_DRAWS", {"d0": {"decode": ((9, 900),)}, "d1": {"decode": ((3, 100),)},
+                                          "d2": {"decode": ((5, 500),)}})
     scored = R.analyse(rows + slow, order=lambda *a, **k: ["slow", "sdpa_cpu"])["regret"]
     fresh = scored["fresh"]
     assert fresh["queries"] == 1 and fresh["max"] == 1.2 and fresh["over_1.10"] == 1
     assert scored["fresh_draws"] == {"d1": {"queries": 1, "geomean": 1.2, "max": 1.2, "over_1.10": 1}}
+    # a draw committed after the newest timed one is a judge still to come; an older one not timed here is not
+    assert scored["pending_draws"] == ["d2"] and R.pending_draws({"a": [], "b": []}) == ["a", "b"]
     assert result["regret"]["queries"] == 2 and result["regret"]["max"] == 1.0  # one backend: its own best
     assert result["rankings"]["tiny:global prefill b2_s128"]["order"][0][0] == "sdpa_cpu"
     assert result["nearby_winners_best"]["queries"] == 2 and result["nearby_winners_best"]["max"] == 1.0
