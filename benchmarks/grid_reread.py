@@ -1,0 +1,110 @@
+"""A second reading of workload grid points against the committed grid: do the timings, and the rankings on them, hold?
+
+    python benchmarks/grid_reread.py --sample 16 --op decode          # the points of a 1/16 sample of the grid
+    python benchmarks/grid_reread.py READ.jsonl [...] [-o SUMMARY.json]   # CPU, seconds
+
+A sample of the grid (every K-th bucket point of an op, in (batch, length) order, from the `--offset`-th: spread over
+both axes) is timed again with `benchmarks/regret.py sweep --ops OP --points POINTS -o READ.jsonl`, on another lease
+of the same GPU model or after a change to the kit. This script reads those files against the committed timings
+(matrix/data/workloads, the last reading of each point, as the selector ranks by them): each backend's time over its
+committed time (median, p10, p90 over every backend at every point), how often the committed first choice is still the
+fastest, and that first choice's regret on the second reading (its time / the fastest's there; geomean, max, over
+1.10). The second reading's sweep also prints how long it took (its `seconds`), which, times K, is what the whole grid
+of that op costs to time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from attnmatrix.matrix import workloads as W
+from attnmatrix.matrix.storage import atomic_write_text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import placement_rules as PR  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
+
+
+def sample(op: str, every: int, offset: int = 0) -> list[tuple[int, int]]:
+    """Every `every`-th bucket point of `op` (the grid's, BUCKETS), in (batch, length) order, from the `offset`-th."""
+    return sorted(W.BUCKETS[op])[offset::every]
+
+
+def bucket_times(rows: list[dict]) -> dict[tuple, dict[str, float]]:
+    """(layer, op, batch, length) -> backend -> ms at every bucket point that passed, in the call the grid ranks each
+    backend by (`workloads.in_call`), the last reading of a point counting."""
+    profiles = W.call_profiles(rows)
+    out: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        if r.get("set") == "bucket" and r.get("outcome") == "pass" and W.in_call(r, profiles):
+            out.setdefault((r["layer"], r["op"], r["batch"], r["length"]), {})[r["backend"]] = r["ms"]
+    return out
+
+
+def compare(committed: dict[tuple, dict[str, float]], reread: dict[tuple, dict[str, float]]) -> dict:
+    """Per op: the second reading's points against the committed ones (see the module's docstring)."""
+    by_op: dict[str, dict] = {}
+    for key, new in sorted(reread.items()):
+        old = committed.get(key)
+        common = sorted(set(new) & set(old or ()))
+        if not common:
+            continue
+        s = by_op.setdefault(key[1], {"ratios": [], "same_first": 0, "regrets": [], "changed": []})
+        s["ratios"] += [new[b] / old[b] for b in common]
+        first, fastest = min(common, key=lambda b: (old[b], b)), min(common, key=lambda b: (new[b], b))
+        s["same_first"] += first == fastest
+        s["regrets"].append(new[first] / new[fastest])
+        if s["regrets"][-1] > 1.05:
+            s["changed"].append({"layer": key[0], "point": f"{key[2]}x{key[3]}", "committed_first": first,
+                                 "fastest_now": fastest, "regret": round(s["regrets"][-1], 4),
+                                 "ms": {b: [old[b], new[b]] for b in common}})
+    out = {}
+    for op, s in sorted(by_op.items()):
+        xs = sorted(s["regrets"])
+        times = {"values": len(s["ratios"]), **PR.ratio_spread(s["ratios"])}
+        out[op] = {"points": len(xs), "time_over_committed": times,
+                   "committed_first_still_fastest": s["same_first"],
+                   "committed_first_regret": {"geomean": round(math.exp(sum(map(math.log, xs)) / len(xs)), 4),
+                                              "max": round(xs[-1], 4), "over_1.05": sum(x > 1.05 for x in xs),
+                                              "over_1.10": sum(x > 1.10 for x in xs)},
+                   "over_1.05": s["changed"]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="*", help="sweep files of re-timed bucket points (benchmarks/regret.py sweep -o)")
+    ap.add_argument("--sample", type=int, metavar="K", help="print the --points of every K-th bucket point of --op")
+    ap.add_argument("--op", choices=sorted(W.BUCKETS), help="the op to sample (with --sample)")
+    ap.add_argument("--offset", type=int, default=5, help="the first point of the sample (default 5)")
+    ap.add_argument("-o", "--output", help="the summary as JSON")
+    args = ap.parse_args(argv)
+    if args.sample:
+        if not args.op:
+            ap.error("--sample needs --op")
+        print(",".join(f"{b}x{n}" for b, n in sample(args.op, args.sample, args.offset)))
+        return 0
+    if not args.files:
+        ap.error("name the sweep files of the second reading (or --sample K --op OP for their points)")
+    committed = bucket_times(W.latest_calls(W.load_rows()))
+    result = {"files": [Path(f).name for f in args.files],
+              "ops": compare(committed, bucket_times(W.load_rows([Path(f) for f in args.files])))}
+    if args.output:
+        atomic_write_text(Path(args.output), json.dumps(result, indent=1, sort_keys=True) + "\n")
+    for op, s in result["ops"].items():
+        t, r = s["time_over_committed"], s["committed_first_regret"]
+        print(f"{op}: {s['points']} (layer call, point) readings, {t['values']} backend times; time over the "
+              f"committed: median {t['median']}, p10 {t['p10']}, p90 {t['p90']}; the committed first choice still the "
+              f"fastest at {s['committed_first_still_fastest']}; its regret on this reading: geomean {r['geomean']}, "
+              f"max {r['max']}, {r['over_1.05']} over 1.05, {r['over_1.10']} over 1.10")
+        for c in s["over_1.05"]:
+            print(f"  {c['layer']:26} {c['point']:10} committed first {c['committed_first']:14} fastest now "
+                  f"{c['fastest_now']:14} regret {c['regret']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
