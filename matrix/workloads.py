@@ -74,9 +74,10 @@ from .models import call_params, layer_ops
 # preset layer's, at its window: a query of another window in the same cell and head counts reads the step where the
 # preset's window puts it. Between points a kernel's time is still not a smooth function of the shape (wave
 # quantisation, tile steps), so benchmarks/regret.py reports beside the selector's regret how the backends fastest at
-# the grid points around a query (`around`) fare there. The grid is kept small enough that a full sm_90 sweep of the
-# installed backends over the presets fits in 30 minutes of one H200; what each of its timed parts cost is in
-# benchmarks/results/README.md (benchmarks/batch_axis.py weighs denser batch axes).
+# the grid points around a query (`around`) fare there. The grid is meant to be small enough that a full sm_90 sweep of
+# the installed backends over the presets fits in 30 minutes of one H200; a 1/16 sample of it timed again
+# (benchmarks/grid_reread.py) puts the whole at about 34 minutes, at or over that: what each of its timed parts cost is
+# in benchmarks/results/README.md (benchmarks/batch_axis.py weighs denser batch axes).
 PREFILL_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 PREFILL_LENGTHS = [256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
 PREFILL_UNALIGNED = [n + 40 for n in PREFILL_LENGTHS if n <= 1024]
