@@ -1,0 +1,35 @@
+"""benchmarks/sweep_phases.py: a sweep's wall time by phase, on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+from attnmatrix.matrix import workloads as W
+from conftest import load_script
+
+
+def test_the_sweep_runs_as_regret_py_runs_it_with_its_phases_timed(tmp_path, monkeypatch, capsys):
+    P = load_script("benchmarks/sweep_phases.py")
+    monkeypatch.setattr(W, "BUCKETS", {"prefill": ((1, 64), (2, 128)), "decode": ((2, 64), (4, 128))})
+    monkeypatch.setattr(W, "HELD_OUT", {"prefill": ((1, 96),), "decode": ((3, 100),)})
+    config = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1}
+    presets = tmp_path / "models.json"
+    presets.write_text(json.dumps({"schema": 1, "models": {"tiny": {
+        "family": "test", "repo": "test/tiny", "file": "config.json",
+        "source": "https://huggingface.co/test/tiny/blob/main/config.json", "config": config, "tp": 1,
+        "layers": [{"count": 1, "type": "global", "num_heads": 4, "num_kv_heads": 2, "head_dim": 32}]}}}))
+    run, phases = tmp_path / "run.jsonl", tmp_path / "phases.json"
+    from attnmatrix.kernels import interleaved_timing
+
+    measure = interleaved_timing.measure_interleaved
+    status = P.main(["-o", str(phases), "--", "sweep", "--backends", "sdpa_cpu", "--ops", "decode",
+                     "--presets", str(presets), "--rounds", "2", "-o", str(run)])
+    assert status == 0 and interleaved_timing.measure_interleaved is measure  # the phases' wrappers are gone
+    out = json.loads(phases.read_text())
+    # one layer call, three points (two buckets and one held-out), each built and timed once; no graphs on a CPU
+    assert out["count"] == {"check": 1, "copies_of": 3, "measure_interleaved": 3, "time_workload": 1}
+    assert out["seconds"]["time_workload"] >= out["seconds"]["measure_interleaved"] >= 0
+    assert out["captured_calls"] == {} and out["status"] == 0 and out["sweep"][0] == "sweep"
+    timed = [json.loads(line) for line in run.read_text().splitlines()]
+    assert sum(r["set"] in ("bucket", "held_out") and r.get("outcome") == "pass" for r in timed) == 3
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
