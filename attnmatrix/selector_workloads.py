@@ -75,9 +75,9 @@ FAST_PATH_OPS = ("decode",)
 # 128 to 1024 tokens apart) an interpolation reads a length early in a tile as if it paid for part of the next tiles:
 # 46 sequences of 619 tokens, in the tile that ends at 640, were read between 552 and 808 (five and seven tiles).
 # Such a backend is read at its tile's end, among the timed multiples of LENGTH_ALIGNMENT, whose tile-end times follow
-# its staircase, times what its partial tile costs it over the tile's end (`tile_end_readings`, `partial_tile`); where
-# the grid times a length of the query's tile past a multiple of LENGTH_ALIGNMENT and its end, the backend is read
-# off those two instead (`tile_readings`).
+# its staircase, times what its partial tile costs it over the tile's end at the batches around (`tile_end_readings`,
+# `partial_tile`); where the grid times a length of the query's tile past a multiple of LENGTH_ALIGNMENT and its end,
+# within the interpolation band of each other, the backend is read off those two instead (`tile_readings`).
 # MLA prefill's cuDNN call (head dims 192/128 and 256) is read as the others are: read so, it placed the hidden grid
 # points of MLA prefill worse (benchmarks/placement_rules.py `whole_tiles_mla`), and no scan shows its tiles.
 WHOLE_TILE_OPS = ("prefill",)
@@ -169,7 +169,8 @@ class Placement:
         self.graphed = graphed  # ((backend, batch read at), ...): read in the query's CUDA graph (`graph_readings`)
         # ((backend, (length, ...)), ...): read without the timed lengths of its fast path (`fast_path_readings`)
         self.unpathed = unpathed
-        self.tile_ends = tile_ends  # ((backend, length read at), ...): read at its tile's end (`tile_end_readings`)
+        # ((backend, length read at, partial tile), ...): read at its tile's end (`tile_end_readings`)
+        self.tile_ends = tile_ends
 
     def basis(self) -> str:
         heads = f"heads {self.heads[0]}/{self.heads[1]}"
@@ -182,8 +183,8 @@ class Placement:
             f"; {b} read without its timings at {', '.join(map(str, ns))} tokens, "
             f"{'a power' if len(ns) == 1 else 'powers'} of two where it ran a faster path than at the lengths around"
             for b, ns in self.unpathed)
-        ends = "".join(f"; {b} read at {at} tokens, the end of the {TILE}-token tile it computes whole"
-                       for b, at in self.tile_ends)
+        ends = "".join(f"; {b} read at {at} tokens, the end of the {TILE}-token tile it computes whole, times "
+                       f"{partial:.3f} for its partial tile" for b, at, partial in self.tile_ends)
         if len(self.points) == 1:
             return (f"{heads}, the timed point nearest on the hinted axis: batch {self.batch}, length {self.length}"
                     f"{tiled}{graphed}{unpathed}{ends}")
@@ -257,10 +258,12 @@ def tile_end(length):
 
 
 def tile_end_readings(by_point, batch, length, backends):
-    """backend -> (the tile's end, its time at (batch, length)) for each of `backends` (those computing whole tiles)
-    at a length that is not itself a tile's end: its time at the tile's end, interpolated in log space among its
-    timed multiples of LENGTH_ALIGNMENT (`series` of the tile's end), times its partial tile (`partial_tile`). {} at
-    a tile's end (the query's own reading is the tile's)."""
+    """backend -> (the tile's end, its partial tile, its time at (batch, length)) for each of `backends` (those
+    computing whole tiles) at a length that is not itself a tile's end: its time at the tile's end, interpolated in
+    log space among its timed multiples of LENGTH_ALIGNMENT (`series` of the tile's end) between the timed batches
+    and lengths that bracket it, times its partial tile (`partial_tile`). A backend is not read so where no timed
+    points bracket the tile's end (below or past the grid's lengths, or where the token cap leaves out a corner: the
+    nearest points would all be shorter). {} at a tile's end (the query's own reading is the tile's)."""
     end = tile_end(length)
     if end == length or not backends:
         return {}
@@ -269,20 +272,35 @@ def tile_end_readings(by_point, batch, length, backends):
     for backend in backends:
         times = {p: dict(r[5])[backend] for p, r in by_point.items() if backend in dict(r[5])}
         at = {p: times[p] for p in aligned if p in times}
-        if at:
-            w = {p: x for p, x in interpolation_weights(at, batch, end).items() if x > 0}
-            out[backend] = (end, log_mean(w, at) * partial_tile(times))
+        batches = bracket(batch, {p[0] for p in at})
+        lengths = bracket(end, {p[1] for p in at})
+        corners = [(b, n) for b in batches for n in lengths]
+        if not lengths or not lengths[0] <= end <= lengths[-1] or not batches or not batches[0] <= batch <= batches[-1]:
+            continue
+        if not all(c in at for c in corners):
+            continue
+        partial = partial_tile(times, batch)
+        w = {p: x for p, x in interpolation_weights({c: at[c] for c in corners}, batch, end).items() if x > 0}
+        out[backend] = (end, partial, log_mean(w, at) * partial)
     return out
 
 
-def partial_tile(times):
+def partial_tile(times, batch):
     """How much longer a whole-tile backend takes at a length within a tile than at the tile's end (which leaves no
-    partial tile to mask: 146 us at 384 tokens where 264-376 take 150, qwen3-32b at 40 sequences): the median, over
-    the timed lengths of a layer that are not a tile's end and whose tile's end was timed at the same batch, of the
-    one's time over the other's; 1.0 where the grid times no such pair. `times`: (batch, length) -> ms."""
-    ratios = sorted(ms / times[(b, tile_end(n))] for (b, n), ms in times.items()
-                    if tile_end(n) != n and (b, tile_end(n)) in times)
-    return ratios[len(ratios) // 2] if ratios else 1.0
+    partial tile to mask: 146 us at 384 tokens where 264-376 take 150, qwen3-32b at 40 sequences), at the timed
+    batches that bracket `batch` (it grows with the batch: 1.006 at one sequence, 1.078 at 64, head dim 64): the
+    median, over the timed lengths there that are not a tile's end and whose tile's end was timed at the same batch,
+    of the one's time over the other's; 1.0 where the grid times no such pair. Below 1 where a length within the tile
+    runs faster than its end (0.98 at head dim 256; about 0.9 with a sliding window, whose prefill is not flat over a
+    tile): the factor is read as timed. `times`: (batch, length) -> ms."""
+    pairs = {(b, n): ms / times[(b, tile_end(n))] for (b, n), ms in times.items()
+             if tile_end(n) != n and (b, tile_end(n)) in times}
+    around = bracket(batch, {b for b, _ in pairs})
+    ratios = sorted(r for (b, _), r in pairs.items() if b in around)
+    if not ratios:
+        return 1.0
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else exp((log(ratios[mid - 1]) + log(ratios[mid])) / 2)
 
 
 def graph_reading_batch(batch, sizes, timed):
@@ -415,14 +433,15 @@ def place(rows, op, hints, band=1.0, spread=1.0, by_kind=True, tiles=True, graph
     tiled = {b: ms for b, ms in (tile_readings(every, batch, length, spread) if tiles else {}).items()
              if b not in graphed}
     # one read off its tile is read from its own two times in the tile, not at the tile's end
-    ended = (tile_end_readings(every, batch, length, [b for b in whole_tiles if b in est and b not in tiled])
+    ended = (tile_end_readings(every, batch, length,
+                               [b for b in whole_tiles if b in est and b not in tiled and b not in graphed])
              if op in tile_ops else {})
     est.update(tiled)
     est.update({b: ms for b, (_, ms) in graphed.items()})
-    est.update({b: ms for b, (_, ms) in ended.items()})
+    est.update({b: ms for b, (_, _, ms) in ended.items()})
     order = tuple(sorted(((b, round(ms, 5)) for b, ms in est.items()), key=lambda x: (x[1], x[0])))
-    unpathed = {b: v for b, v in unpathed.items() if b not in graphed and b not in tiled}
+    unpathed = {b: v for b, v in unpathed.items() if b not in graphed and b not in tiled and b not in ended}
     return Placement(heads, batch, length, tuple(sorted(weights)), False, order, _within(order, band),
                      _within(order, spread), tuple(tiled), tuple((b, at) for b, (at, _) in graphed.items()),
                      tuple((b, ns) for b, (ns, _) in sorted(unpathed.items())),
-                     tuple((b, at) for b, (at, _) in sorted(ended.items())))
+                     tuple((b, at, partial) for b, (at, partial, _) in sorted(ended.items())))

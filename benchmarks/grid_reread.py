@@ -50,17 +50,20 @@ def compare(committed: dict[tuple, dict[str, float]], reread: dict[tuple, dict[s
     for key, new in sorted(reread.items()):
         old = committed.get(key)
         common = sorted(set(new) & set(old or ()))
-        if not common:
+        # the committed first choice among every backend the grid timed there; a point where the second reading did
+        # not time it cannot say how that choice fares
+        first = min(old, key=lambda b: (old[b], b)) if old else None
+        if first not in new:
             continue
         s = by_op.setdefault(key[1], {"ratios": [], "same_first": 0, "regrets": [], "changed": []})
         s["ratios"] += [new[b] / old[b] for b in common]
-        first, fastest = min(common, key=lambda b: (old[b], b)), min(common, key=lambda b: (new[b], b))
+        fastest = min(new, key=lambda b: (new[b], b))
         s["same_first"] += first == fastest
         s["regrets"].append(new[first] / new[fastest])
         if s["regrets"][-1] > 1.05:
             s["changed"].append({"layer": key[0], "point": f"{key[2]}x{key[3]}", "committed_first": first,
                                  "fastest_now": fastest, "regret": round(s["regrets"][-1], 4),
-                                 "ms": {b: [old[b], new[b]] for b in common}})
+                                 "ms": {b: [old.get(b), new.get(b)] for b in sorted(set(old) | set(new))}})
     out = {}
     for op, s in sorted(by_op.items()):
         xs = sorted(s["regrets"])

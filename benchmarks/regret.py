@@ -301,7 +301,8 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
 
 
 def pending_draws(draws: dict[str, list[float]]) -> list[str]:
-    """The draws (oldest first, as workloads.FRESH_DRAWS) after the newest one with timings, none timed yet."""
+    """The draws (oldest first, as workloads.FRESH_DRAWS) after the newest one with timings, none timed yet. A draw
+    counts as timed once any of its queries has a regret: one timed for some of its ops only is not pending."""
     names = list(draws)
     timed = [i for i, d in enumerate(names) if draws[d]]
     return names[timed[-1] + 1:] if timed else names

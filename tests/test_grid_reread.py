@@ -28,6 +28,9 @@ def test_the_second_reading_is_scored_against_the_committed_first_choice():
     # files do not hold, or with no backend in common, is left out
     reread = {("l", "decode", 4, 512): {"a": 1.21, "b": 1.1}, ("l", "decode", 8, 512): {"a": 2.0, "b": 2.6},
               ("l", "decode", 16, 512): {"a": 1.0}, ("l", "prefill", 4, 512): {"c": 1.0}}
+    # a point where the second reading did not time the committed first choice is left out too
+    committed[("l", "decode", 32, 512)] = {"a": 1.0, "b": 1.5}
+    reread[("l", "decode", 32, 512)] = {"b": 1.4}
     out = G.compare(committed, reread)
     assert list(out) == ["decode"]
     d = out["decode"]

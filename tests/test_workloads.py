@@ -660,31 +660,46 @@ def test_a_backend_computing_whole_tiles_is_read_at_its_tiles_end_times_its_part
     from attnmatrix.selector_workloads import partial_tile, place, tile_end
 
     assert [tile_end(n) for n in (1, 128, 129, 619, 640, 641)] == [128, 128, 256, 640, 640, 768]
-    # `tiles` takes 1.0 per 128-token tile, 2% more within a tile than at its end; `smooth` grows with the length.
-    # The grid times 424 with its tile's end (512), and 552 and 808 without theirs (640, 896).
-    def tiles(n):
-        return -(-n // 128) * (1.0 if n % 128 == 0 else 1.02)
+    # `tiles` takes 1.0 per 128-token tile at a tile's end and 2% more within it at 32 sequences, 4% at 48;
+    # `smooth` grows with the length. The grid times 424 with its tile's end (512), and 552 and 808 without theirs.
+    def tiles(b, n):
+        return b * -(-n // 128) * (1.0 if n % 128 == 0 else {32: 1.02, 48: 1.04}[b])
 
     lengths = (384, 424, 512, 552, 768, 808, 1024)
-    rows = tuple((8, 8, b, n, 1, tuple(sorted((("tiles", b * tiles(n)), ("smooth", b * n / 118)),
+    rows = tuple((8, 8, b, n, 1, tuple(sorted((("tiles", tiles(b, n)), ("smooth", b * n / 118)),
                                               key=lambda t: t[1])))
                  for b in (32, 48) for n in lengths)
     times = {(r[2], r[3]): dict(r[5])["tiles"] for r in rows}
-    assert partial_tile(times) == pytest.approx(1.02) and partial_tile({(1, 512): 1.0}) == 1.0
+    # the partial tile of the batches around the query: one batch, its own; between two, the median of their pairs
+    assert partial_tile(times, 32) == pytest.approx(1.02) and partial_tile(times, 48) == pytest.approx(1.04)
+    assert partial_tile(times, 40) == pytest.approx((1.02 * 1.04) ** 0.5)
+    assert partial_tile({(1, 512): 1.0}, 1) == 1.0
     # 619 is in the tile that ends at 640: five tiles. Interpolated between 552 and 808 (five and seven) `tiles`
-    # reads slower than `smooth`; at its tile's end, between 512 and 768 at 640, times 1.02, it is the faster
-    hints = {"batch_size": 40, "seq_len": 619}
+    # reads slower than `smooth`; at its tile's end, between 512 and 768 at 640, times its partial tile, the faster
+    hints = {"batch_size": 32, "seq_len": 619}
     assert place(rows, "prefill", hints).order[0][0] == "smooth"
     placed = place(rows, "prefill", hints, whole_tiles=("tiles",))
-    assert placed.order[0][0] == "tiles" and placed.tile_ends == (("tiles", 640),)
-    assert dict(placed.order)["tiles"] == pytest.approx(40 * 5 * 1.02, rel=1e-3)
-    assert placed.basis().endswith("; tiles read at 640 tokens, the end of the 128-token tile it computes whole")
-    # decode and MLA prefill are not read so; a tile's end is its own reading, and a tile the grid times a length of
-    # past a multiple of 64 and its end (424 and 512) is read off those two (`tile_readings`)
+    assert placed.order[0][0] == "tiles" and placed.tile_ends == (("tiles", 640, pytest.approx(1.02)),)
+    assert dict(placed.order)["tiles"] == pytest.approx(32 * 5 * 1.02, rel=1e-3)
+    assert placed.basis().endswith("; tiles read at 640 tokens, the end of the 128-token tile it computes whole, "
+                                   "times 1.020 for its partial tile")
+    # decode and MLA prefill are not read so; a tile the grid times a length of past a multiple of 64 and its end
+    # (424 and 512) is read off those two (`tile_readings`)
     assert place(rows, "mla_prefill", hints, whole_tiles=("tiles",)).tile_ends == ()
-    assert place(rows, "prefill", {"batch_size": 40, "seq_len": 640}, whole_tiles=("tiles",)).tile_ends == ()
-    within = place(rows, "prefill", {"batch_size": 40, "seq_len": 460}, 1.0, 1.05, whole_tiles=("tiles",))
+    decode = tuple((8, 8, b, n, 1, order) for _, _, b, n, _, order in rows if n % 64 == 0)
+    assert place(decode, "decode", {"batch_size": 32, "context_len": 619}, whole_tiles=("tiles",)).tile_ends == ()
+    within = place(rows, "prefill", {"batch_size": 32, "seq_len": 460}, 1.0, 1.05, whole_tiles=("tiles",))
     assert within.tile_ends == () and within.tiled == ("tiles",)
+    # a tile's end is its own reading (640, untimed, interpolated as every backend is), and a tile's end no timed
+    # points bracket is not read so: below the grid's lengths, past them, or where the token cap leaves out a corner
+    at_end = place(rows, "prefill", {"batch_size": 32, "seq_len": 640}, whole_tiles=("tiles",))
+    assert at_end.tile_ends == () and not at_end.exact
+    assert place(rows, "prefill", {"batch_size": 32, "seq_len": 200}, whole_tiles=("tiles",)).tile_ends == ()
+    assert place(rows, "prefill", {"batch_size": 32, "seq_len": 300}, whole_tiles=("tiles",)).tile_ends[0][1] == 384
+    assert place(rows, "prefill", {"batch_size": 32, "seq_len": 1100}, whole_tiles=("tiles",)).tile_ends == ()
+    capped = tuple(r for r in rows if (r[2], r[3]) != (48, 768))
+    assert place(capped, "prefill", {"batch_size": 40, "seq_len": 619}, whole_tiles=("tiles",)).tile_ends == ()
+    assert place(rows, "prefill", {"batch_size": 40, "seq_len": 619}, whole_tiles=("tiles",)).tile_ends != ()
 
 
 def test_the_whole_tile_backends_are_declared_in_the_backend_registry(tmp_path):
