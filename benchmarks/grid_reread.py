@@ -4,7 +4,7 @@
     python benchmarks/grid_reread.py READ.jsonl [...] [-o SUMMARY.json]   # CPU, seconds
 
 A sample of the grid (every K-th bucket point of an op, in (batch, length) order, from the `--offset`-th: spread over
-both axes) is timed again with `benchmarks/regret.py sweep --ops OP --points POINTS -o READ.jsonl`, on another lease
+both axes) is timed again with `benchmarks/regret.py sweep --ops OP --points POINTS -o READ.jsonl`, on another machine
 of the same GPU model or after a change to the kit. This script reads those files against the committed timings
 (matrix/data/workloads, the last reading of each point, as the selector ranks by them): each backend's time over its
 committed time (median, p10, p90 over every backend at every point), how often the committed first choice is still the
