@@ -9,8 +9,9 @@ of the same GPU model or after a change to the kit. This script reads those file
 (matrix/data/workloads, the last reading of each point, as the selector ranks by them): each backend's time over its
 committed time (median, p10, p90 over every backend at every point), how often the committed first choice is still the
 fastest, and that first choice's regret on the second reading (its time / the fastest's there; geomean, max, over
-1.10). The second reading's sweep also prints how long it took (its `seconds`), which, times K, is what the whole grid
-of that op costs to time.
+1.10). Where the sweep's `done` rows carry each layer call's seconds, it also says what the sample took and, scaled
+by the grid's (layer call, point) timings of those ops over the sample's, what the whole grid would (`cost`: the
+checks, once a layer call, are scaled with the rest, so a little high).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from attnmatrix.matrix.storage import atomic_write_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import placement_rules as PR  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
+import regret  # noqa: E402
 
 
 def sample(op: str, every: int, offset: int = 0) -> list[tuple[int, int]]:
@@ -77,6 +79,26 @@ def compare(committed: dict[tuple, dict[str, float]], reread: dict[tuple, dict[s
     return out
 
 
+def grid_timings(ops: set[str]) -> int:
+    """The (layer call, point) timings of the whole grid for `ops`: each distinct layer call of the presets
+    (`regret.layer_calls`) at each of its bucket points (`workloads.layer_buckets`)."""
+    return sum(len(W.layer_buckets(ly, op)) for ly, op, _ in regret.layer_calls(W.load_presets(), ops))
+
+
+def cost(rows: list[dict]) -> dict | None:
+    """What one sample's sweep took and what the whole grid of its ops would: {ops, timings, seconds, grid_timings,
+    grid_seconds}, or None where a `done` row carries no seconds (a sweep before they were recorded)."""
+    done = [r for r in rows if r.get("set") == "done"]
+    if not done or any("seconds" not in r for r in done):
+        return None
+    ops = {r["op"] for r in done}
+    timings = len({(r["layer"], r["op"], r["batch"], r["length"]) for r in rows if r.get("set") == "bucket"})
+    seconds = round(sum(r["seconds"] for r in done), 1)
+    total = grid_timings(ops)
+    return {"ops": sorted(ops), "timings": timings, "seconds": seconds, "grid_timings": total,
+            "grid_seconds": round(seconds * total / timings, 1) if timings else None}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="*", help="sweep files of re-timed bucket points (benchmarks/regret.py sweep -o)")
@@ -93,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.files:
         ap.error("name the sweep files of the second reading (or --sample K --op OP for their points)")
     committed = bucket_times(W.latest_calls(W.load_rows()))
-    result = {"files": [Path(f).name for f in args.files],
-              "ops": compare(committed, bucket_times(W.load_rows([Path(f) for f in args.files])))}
+    reads = {Path(f).name: W.load_rows([Path(f)]) for f in args.files}
+    result = {"files": list(reads),
+              "ops": compare(committed, bucket_times([r for rows in reads.values() for r in rows]))}
+    costs = {name: c for name, rows in reads.items() if (c := cost(rows)) is not None}
+    if costs:
+        result["cost"] = costs
     if args.output:
         atomic_write_text(Path(args.output), json.dumps(result, indent=1, sort_keys=True) + "\n")
     for op, s in result["ops"].items():
@@ -106,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         for c in s["over_1.05"]:
             print(f"  {c['layer']:26} {c['point']:10} committed first {c['committed_first']:14} fastest now "
                   f"{c['fastest_now']:14} regret {c['regret']}")
+    for name, c in result.get("cost", {}).items():
+        print(f"{name}: {c['timings']} (layer call, point) timings of {', '.join(c['ops'])} in {c['seconds']} s; "
+              f"the grid's {c['grid_timings']}: about {c['grid_seconds']} s")
     return 0
 
 

@@ -85,21 +85,7 @@ def sweep(args: argparse.Namespace) -> int:
     only = parse_points(args.points, ops or set(W.BUCKETS), sets, layers) if args.points is not None else None
     points_key = ",".join(f"{b}x{n}" for b, n in sorted(only)) if only else None  # the `done` rows' form
     backends, device, arch, device_name = load_device_backends(args.backends)
-    # Layers the kernel cannot tell apart (same heads, head dims, features, window, and called alike: vLLM plans
-    # FA3's schedule only for a model of one window size) are timed once; the row names every layer it stands for
-    # (`layers`).
-    same: dict[tuple, list[str]] = {}
-    work = []
-    for ly in layers:
-        for op in ly.ops():
-            if ops and op not in ops:
-                continue
-            sig = (op, ly.heads_q, ly.heads_kv, ly.head_dim, ly.head_dim_v, ly.features(op), ly.window,
-                   ly.one_window_size)
-            if sig not in same:
-                same[sig] = []
-                work.append((ly, op, same[sig]))
-            same[sig].append(ly.name)
+    work = layer_calls(layers, ops)
     i, n = (int(x) for x in args.shard.split("/"))
     work = work[i::n]
     out = Path(args.output) if args.output else None
@@ -134,16 +120,38 @@ def sweep(args: argparse.Namespace) -> int:
                            for kind in sets)
             if not any(at for _, at in points):
                 continue
+            started = time.monotonic()
             status = time_workload(backends, layer, op, same_layers, arch, device, device_name, emit, args, points)
             print(f"[{k}/{len(work)}] {layer.name} {op}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
             if status:
                 return status
             emit({"set": "done", "layer": layer.name, "op": op, "backends": names,
+                  "seconds": round(time.monotonic() - started, 1),
                   **({"sets": sets} if sets != SETS else {}),
                   **({"new_points_only": True} if args.new_points_only else {}),
                   **({"points": points_key} if points_key else {})})
     print(json.dumps({"output": str(out), "seconds": round(time.monotonic() - t0, 1), "workloads": len(work)}))
     return 0
+
+
+def layer_calls(layers: list, ops: set[str] | None = None) -> list[tuple]:
+    """(layer, op, the names of every layer it stands for) per distinct call of the presets' layers, in preset order:
+    layers the kernel cannot tell apart (same heads, head dims, features, window, and called alike: vLLM plans FA3's
+    schedule only for a model of one window size) are timed once, and the row names every layer it stands for
+    (`layers`). `ops`: those ops alone (None: every op)."""
+    same: dict[tuple, list[str]] = {}
+    work = []
+    for ly in layers:
+        for op in ly.ops():
+            if ops and op not in ops:
+                continue
+            sig = (op, ly.heads_q, ly.heads_kv, ly.head_dim, ly.head_dim_v, ly.features(op), ly.window,
+                   ly.one_window_size)
+            if sig not in same:
+                same[sig] = []
+                work.append((ly, op, same[sig]))
+            same[sig].append(ly.name)
+    return work
 
 
 def parse_points(text: str, ops: set[str], sets: list[str], layers: list) -> set[tuple[int, int]]:

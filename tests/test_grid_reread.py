@@ -51,3 +51,25 @@ def test_the_cli_prints_a_sample_and_refuses_no_files(capsys):
     with pytest.raises(SystemExit):
         G.main([])
     assert "name the sweep files" in capsys.readouterr().err
+
+
+def test_a_sample_whose_sweep_recorded_its_seconds_says_what_the_whole_grid_costs(monkeypatch):
+    G = _reread()
+    rows = [{"set": "bucket", "layer": "l", "op": "decode", "batch": b, "length": 512, "backend": x}
+            for b in (1, 2) for x in ("a", "b")]
+    done = {"set": "done", "layer": "l", "op": "decode", "seconds": 3.0}
+    monkeypatch.setattr(G, "grid_timings", lambda ops: {"decode": 100}[next(iter(ops))])
+    assert G.cost(rows + [done]) == {"ops": ["decode"], "timings": 2, "seconds": 3.0, "grid_timings": 100,
+                                     "grid_seconds": 150.0}
+    assert G.cost(rows + [{k: v for k, v in done.items() if k != "seconds"}]) is None  # a sweep before seconds
+    assert G.cost(rows) is None
+
+
+def test_the_grid_timings_are_every_layer_calls_bucket_points():
+    G = _reread()
+    from attnmatrix.matrix import workloads as W
+
+    # decode: 26 distinct layer calls of the presets x their points (417, and one more a batch past a window)
+    assert G.grid_timings({"decode"}) == 11104
+    calls = G.regret.layer_calls(W.load_presets(), {"prefill"})
+    assert G.grid_timings({"prefill"}) == len(calls) * len(W.BUCKETS["prefill"])

@@ -147,6 +147,7 @@ def test_sweep_and_report_on_the_cpu(tmp_path, monkeypatch):
     assert len(timed) == 2 * (2 + 1)  # the global layer's two ops, two buckets and one held-out point each
     assert all(r["outcome"] == "pass" and r["ms"] > 0 and len(r["rounds"]) == 4 for r in timed)
     assert sum(r["set"] == "done" for r in rows) == 4  # every workload finished, the refused ones too
+    assert all(r["seconds"] >= 0 for r in rows if r["set"] == "done")  # what each layer call took
     # a second run over the same file resumes: nothing is timed again
     assert R.main(["sweep", "--backends", "sdpa_cpu", "-o", str(out), "--presets", str(presets)]) == 0
     assert len(out.read_text().splitlines()) == len(raw)
