@@ -37,10 +37,10 @@ point around the query (`workloads.around`); `bucket` is the nearest bucket poin
 Lines (JSON): {"backend", "kernel_version", "layer", "layers", "op", "case", "batch", "length", "set" ("check" |
 "bucket" | "held_out"), "outcome", "ms" (median of "rounds": per-call ms, one per round), "calls" (per replay),
 "copies" (of the inputs), "method", "note", "reason", "entry", "profile", "heads_q", "heads_kv", "device", "arch"};
-after each finished workload {"set": "done", "layer", "op", "backends"} (and "sets": ["held_out"] from
-`--held-out-only`, which times the held-out points alone: `report` on its file alone scores the committed rankings
-on a second reading of them; "new_points_only": true from `--new-points-only`). Timed rows leave out what their
-check row says (`workloads.compact`)."""
+after each finished workload {"set": "done", "layer", "op", "backends", "seconds" (its wall time)} (and "sets":
+["held_out"] from `--held-out-only`, which times the held-out points alone: `report` on its file alone scores the
+committed rankings on a second reading of them; "new_points_only": true from `--new-points-only`). Timed rows leave
+out what their check row says (`workloads.compact`)."""
 
 from __future__ import annotations
 
