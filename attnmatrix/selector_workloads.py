@@ -69,8 +69,8 @@ GRAPH_OPS = ("decode",)
 # query at another length reads that backend without it (`fast_path_readings`); a path within the band is left in,
 # as the timed points cannot tell it from the kernel's trend.
 FAST_PATH_OPS = ("decode",)
-# A backend that computes a prefill's keys in whole TILE-token tiles (DATA['whole_tiles']: cuDNN) takes the time of
-# the tile's end at every length of the tile (above: 150 us at every length from 264 to 384 tokens, 231 from 392 to
+# A backend that computes a prefill's keys in whole TILE-token tiles (DATA['whole_tiles']: cuDNN) takes about the time
+# of the tile's end at every length of the tile (above: 150 us at every length from 264 to 384 tokens, 231 from 392 to
 # 512, 40 sequences of qwen3-32b). Between two timed lengths two or more tiles apart (the grid's lengths past 512 are
 # 128 to 1024 tokens apart) an interpolation reads a length early in a tile as if it paid for part of the next tiles:
 # 46 sequences of 619 tokens, in the tile that ends at 640, were read between 552 and 808 (five and seven tiles).
