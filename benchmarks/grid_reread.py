@@ -92,7 +92,10 @@ def cost(rows: list[dict]) -> dict | None:
     if not done or any("seconds" not in r for r in done):
         return None
     ops = {r["op"] for r in done}
-    timings = len({(r["layer"], r["op"], r["batch"], r["length"]) for r in rows if r.get("set") == "bucket"})
+    finished = {(r["layer"], r["op"]) for r in done}  # a layer call cut short recorded no seconds
+    # every (layer call, point) its seconds were spent on, held-out points too where the sweep timed them
+    timings = len({(r["layer"], r["op"], r["set"], r["batch"], r["length"]) for r in rows
+                   if r.get("set") in ("bucket", "held_out") and (r["layer"], r["op"]) in finished})
     seconds = round(sum(r["seconds"] for r in done), 1)
     total = grid_timings(ops)
     return {"ops": sorted(ops), "timings": timings, "seconds": seconds, "grid_timings": total,

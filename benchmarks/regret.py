@@ -292,7 +292,7 @@ def analyse(rows: list[dict], order=None, placement=None) -> dict:
                              "over_1.10": sum(1 for x in fresh if x > 1.10)},
                    "fresh_draws": {d: {"queries": len(xs), "geomean": _r(geomean(xs)), "max": max(xs, default=None),
                                        "over_1.10": sum(1 for x in xs if x > 1.10)} for d, xs in draws.items() if xs},
-                   # draws committed after the newest timed one and not timed yet: the judges still to come
+                   # draws committed after the newest one these files time, untimed here: the judges still to come
                    "pending_draws": pending_draws(draws)},
         "regret_without_hints": {"queries": len(plain), "geomean": _r(geomean(plain)), "max": max(plain, default=None)},
         "nearby_winners_best": {"queries": len(bound), "geomean": _r(geomean(bound)), "max": max(bound, default=None),
@@ -409,7 +409,7 @@ def report(args: argparse.Namespace) -> int:
             print(f"    drawn {d} ({x['queries']} queries): geomean {x['geomean']}, max {x['max']}, "
                   f"{x['over_1.10']} over 1.10")
         for d in g.get("pending_draws", ()):
-            print(f"    drawn {d}: not timed yet (its shapes judge the rules chosen before it was drawn)")
+            print(f"    drawn {d}: no timings in these files (its shapes judge the rules chosen before it was drawn)")
     print(f"regret, selector without hints:  geomean {s['regret_without_hints']['geomean']}, "
           f"max {s['regret_without_hints']['max']}")
     b = s["nearby_winners_best"]

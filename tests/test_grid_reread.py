@@ -63,6 +63,10 @@ def test_a_sample_whose_sweep_recorded_its_seconds_says_what_the_whole_grid_cost
                                      "grid_seconds": 150.0}
     assert G.cost(rows + [{k: v for k, v in done.items() if k != "seconds"}]) is None  # a sweep before seconds
     assert G.cost(rows) is None
+    # held-out points the sweep timed count with the buckets; a layer call cut short (no done row) is left out
+    more = [{"set": "held_out", "layer": "l", "op": "decode", "batch": 3, "length": 600, "backend": "a"},
+            {"set": "bucket", "layer": "cut", "op": "decode", "batch": 1, "length": 512, "backend": "a"}]
+    assert G.cost(rows + more + [done])["timings"] == 3
 
 
 def test_the_grid_timings_are_every_layer_calls_bucket_points():
