@@ -78,8 +78,8 @@ FAST_PATH_OPS = ("decode",)
 # its staircase, times what its partial tile costs it over the tile's end at the batches around (`tile_end_readings`,
 # `partial_tile`); where the grid times a length of the query's tile past a multiple of LENGTH_ALIGNMENT and its end,
 # within the interpolation band of each other, the backend is read off those two instead (`tile_readings`).
-# MLA prefill's cuDNN call (head dims 192/128 and 256) is read as the others are: read so, it placed the hidden grid
-# points of MLA prefill worse (benchmarks/placement_rules.py `whole_tiles_mla`), and no scan shows its tiles.
+# MLA prefill's cuDNN call (head dims 192/128 and 256) is read as the others are: no scan shows its tiles, and read
+# so its hidden grid points end no regret over 1.10 (benchmarks/placement_rules.py `whole_tiles_mla`).
 WHOLE_TILE_OPS = ("prefill",)
 
 
@@ -288,11 +288,11 @@ def tile_end_readings(by_point, batch, length, backends):
 def partial_tile(times, batch):
     """How much longer a whole-tile backend takes at a length within a tile than at the tile's end (which leaves no
     partial tile to mask: 146 us at 384 tokens where 264-376 take 150, qwen3-32b at 40 sequences), at the timed
-    batches that bracket `batch` (it grows with the batch: 1.006 at one sequence, 1.078 at 64, head dim 64): the
+    batches that bracket `batch` (it grows with the batch; `explain` prints the factor a query is read with): the
     median, over the timed lengths there that are not a tile's end and whose tile's end was timed at the same batch,
     of the one's time over the other's; 1.0 where the grid times no such pair. Below 1 where a length within the tile
-    runs faster than its end (0.98 at head dim 256; about 0.9 with a sliding window, whose prefill is not flat over a
-    tile): the factor is read as timed. `times`: (batch, length) -> ms."""
+    runs faster than its end (at head dim 256, and with a sliding window, whose prefill is not flat over a tile):
+    the factor is read as timed. `times`: (batch, length) -> ms."""
     pairs = {(b, n): ms / times[(b, tile_end(n))] for (b, n), ms in times.items()
              if tile_end(n) != n and (b, tile_end(n)) in times}
     around = bracket(batch, {b for b, _ in pairs})

@@ -71,10 +71,11 @@ RULES = ("interpolate", "least_worst_ratio", "any_length", "no_tiles", "no_fast_
          "whole_tiles_mla", "no_graphs", "graphs_all_vllm", "fa3_split_waves", "fa4_waves")
 # The backends read in the query's CUDA graph: as declared (backends.json), and by `graphs_all_vllm`.
 GRAPHS = declared_graph_batches()
+_DECLARED = {name: info.meta for name, info in backends().items()}
 # The backends read without their power-of-two fast path, as declared (backends.json).
-PATHS = power_of_two_paths({name: info.meta for name, info in backends().items()})
+PATHS = power_of_two_paths(_DECLARED)
 # The backends read at the end of a prefill query's tile, as declared (backends.json).
-WHOLE_TILES = whole_tile_backends({name: info.meta for name, info in backends().items()})
+WHOLE_TILES = whole_tile_backends(_DECLARED)
 ALL_VLLM_GRAPHS = {b: tuple(capture_sizes()) for b in ("vllm_fa2", "vllm_fa3", "vllm_fa4")}
 
 

@@ -142,16 +142,21 @@ def identity_problems(name: str, meta: dict) -> list[tuple[str, str]]:
     return out
 
 
+def declaring(entries: dict[str, dict], field: str) -> tuple[str, ...]:
+    """The backends whose entry sets the flag `field` true, sorted."""
+    return tuple(sorted(b for b, meta in entries.items() if meta.get(field) is True))
+
+
 def power_of_two_paths(entries: dict[str, dict]) -> tuple[str, ...]:
     """The backends whose entry declares `fast_path_at_powers_of_two`: what the selector's decode placement reads
     without their power-of-two fast path (selector_workloads.fast_path_readings)."""
-    return tuple(sorted(b for b, meta in entries.items() if meta.get(POWER_OF_TWO_FIELD) is True))
+    return declaring(entries, POWER_OF_TWO_FIELD)
 
 
 def whole_tile_backends(entries: dict[str, dict]) -> tuple[str, ...]:
     """The backends whose entry declares `prefill_in_whole_tiles`: what the selector's prefill placement reads at
     the end of the query's tile (selector_workloads.tile_end_readings)."""
-    return tuple(sorted(b for b, meta in entries.items() if meta.get(WHOLE_TILES_FIELD) is True))
+    return declaring(entries, WHOLE_TILES_FIELD)
 
 
 def read(path: Path) -> tuple[dict[str, dict], list[tuple[str, str]]]:

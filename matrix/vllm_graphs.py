@@ -20,7 +20,7 @@ Standard library only (and the backend registry, attnmatrix.matrix.backends).
 
 from __future__ import annotations
 
-from attnmatrix.matrix.backends import GRAPH_SPLITS_FIELD, backends
+from attnmatrix.matrix.backends import GRAPH_SPLITS_FIELD, backends, declaring
 
 # The most tokens a captured step holds with vLLM's default max_num_seqs (256).
 GRAPH_TOKENS = 512
@@ -36,7 +36,7 @@ def graph_batches(backends: dict[str, dict]) -> dict[str, tuple[int, ...]]:
     """backend -> vLLM's captured batch sizes, for each backend whose entry (backends.json) declares
     `splits_see_graph_batch`: what the selector's decode placement reads those backends by."""
     sizes = tuple(capture_sizes())
-    return {b: sizes for b, meta in sorted(backends.items()) if meta.get(GRAPH_SPLITS_FIELD) is True}
+    return {b: sizes for b in declaring(backends, GRAPH_SPLITS_FIELD)}
 
 
 def declared_graph_batches() -> dict[str, tuple[int, ...]]:
