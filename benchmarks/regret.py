@@ -320,15 +320,17 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def selector_orders(rows: list[dict]):
+def selector_orders(rows: list[dict], engine=None):
     """A function (layer, op, batch, length or None, dtype=) -> the generated selector's order for that layer's
     cell, with the layer's head counts and the point as workload hints (length None: no hints, the order without
-    them)."""
+    them). `engine`: a selector engine made from other data (default: the generated selector's)."""
     from attnmatrix.matrix.cases import Case
 
     from attnmatrix import selector
     from attnmatrix.selector_workloads import LENGTH_HINT
     from attnmatrix.vocabulary import query_params_of
+
+    select = (engine or selector._ENGINE).select_backends
 
     layers = {}
     for r in rows:
@@ -344,18 +346,21 @@ def selector_orders(rows: list[dict]):
         if length is not None:
             params.update(num_heads=hq, num_kv_heads=hkv, batch_size=batch, **{LENGTH_HINT[op]: length})
         major, minor = int(c.arch[3:-1]), int(c.arch[-1])
-        return selector.select_backends((major, minor), c.head_dim, c.head_dim_v, op=op, dtype=c.dtype, **params)
+        return select((major, minor), c.head_dim, c.head_dim_v, op=op, dtype=c.dtype, **params)
 
     return order
 
 
-def selector_placements(rows: list[dict]):
+def selector_placements(rows: list[dict], engine=None):
     """A function (layer, op, batch, length, dtype) -> the generated selector's Placement of the layer's backends at
-    that point (selector_workloads.place, through the engine the selector's data make), or None."""
+    that point (selector_workloads.place, through the engine the selector's data make), or None. `engine`: as
+    `selector_orders`."""
     from attnmatrix.matrix.cases import Case
 
     from attnmatrix import selector
     from attnmatrix.selector_workloads import LENGTH_HINT
+
+    engine = engine or selector._ENGINE
 
     layers = {}
     for r in rows:
@@ -367,7 +372,7 @@ def selector_placements(rows: list[dict]):
         c, hq, hkv = layers[(layer, op, dtype)]
         feats = tuple(t for t in c.features if not t.startswith("paged_kv:"))
         hints = {"num_heads": hq, "num_kv_heads": hkv, "batch_size": batch, LENGTH_HINT[op]: length}
-        return selector._ENGINE.workload_order(c.arch, op, c.dtype, c.head_dim, c.head_dim_v, feats, hints)
+        return engine.workload_order(c.arch, op, c.dtype, c.head_dim, c.head_dim_v, feats, hints)
 
     return placement
 

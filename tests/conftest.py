@@ -167,12 +167,16 @@ def vendored_selector(text: str, folder: Path, name: str = "gen_selector"):
 
 def load_script(relpath: str):
     """A script of the repository that is no package module (benchmarks/*.py, scripts/*.py), imported from its file
-    under a name of its own, so a test calls its functions."""
+    under a name of its own, so a test calls its functions. The module is registered under that name while it runs,
+    as an import would: a dataclass reads its module's namespace."""
     import importlib.util
+    import sys
 
     path = Path(__file__).resolve().parent.parent / relpath
-    spec = importlib.util.spec_from_file_location(f"script_{path.stem.replace('-', '_')}", path)
+    name = f"script_{path.stem.replace('-', '_')}"
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
