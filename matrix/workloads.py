@@ -77,7 +77,12 @@ from .models import call_params, layer_ops
 # the grid points around a query (`around`) fare there. The grid is meant to be small enough that a full sm_90 sweep of
 # the installed backends over the presets fits in 30 minutes of one H200; a 1/16 sample of it timed again
 # (benchmarks/grid_reread.py) puts the whole at about 34 minutes, at or over that: what each of its timed parts cost is
-# in benchmarks/results/README.md (benchmarks/batch_axis.py weighs denser batch axes).
+# in benchmarks/results/README.md (benchmarks/batch_axis.py weighs denser batch axes). Leaving lines out does not buy
+# that back: of the lines whose own points the rest of the grid reads well, the fewest that fit (decode contexts 3072,
+# 12288 and 24576, prefill batches 16 and 32 and length 552: about 29.4 minutes with FA4's warm-up) take the held-out
+# queries, ranked by the thinner grid's timings alone, from 6 to 9 over 1.10, and more lines to 13
+# (benchmarks/grid_thinning.py). The cost is in building and warming each backend's calls at a point
+# (benchmarks/sweep_phases.py), not in the number of points alone.
 PREFILL_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 PREFILL_LENGTHS = [256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
 PREFILL_UNALIGNED = [n + 40 for n in PREFILL_LENGTHS if n <= 1024]
@@ -147,22 +152,24 @@ GRID_WITH_STEP_BATCHES = grid_of(sorted(DECODE_BATCHES_BY_1_2 + [9, 17, 34, 50, 
                                         + [33, 49, 66, 82, 99, 132, 165, 198]))
 
 
-def past_window(window: int | None) -> int | None:
+def past_window(window: int | None, grid: dict[str, tuple] | None = None) -> int | None:
     """The first context length past a sliding window that a decode step of the layer is also timed at (a multiple
-    of LENGTH_ALIGNMENT, as the grid's lengths), or None: no window, or one the decode grid's contexts do not
-    straddle (a window under its shortest context: every timed context is past it already)."""
+    of LENGTH_ALIGNMENT, as the grid's lengths), or None: no window, or one the decode contexts of `grid` (default:
+    BUCKETS) do not straddle (a window under its shortest context: every timed context is past it already)."""
     if window is None:
         return None
     length = (window // LENGTH_ALIGNMENT + 1) * LENGTH_ALIGNMENT
-    lengths = {n for _, n in BUCKETS["decode"]}
+    lengths = {n for _, n in (BUCKETS if grid is None else grid)["decode"]}
     return length if min(lengths) < length < max(lengths) and length not in lengths else None
 
 
-def layer_buckets(layer: Layer, op: str) -> tuple[tuple[int, int], ...]:
-    """The bucket points a layer's `op` is timed at: the grid's, and for a decode step of a sliding-window layer also
-    the first length past its window (`past_window`) at every grid batch within the cache cap."""
-    points = BUCKETS[op]
-    past = past_window(layer.window) if op == "decode" else None
+def layer_buckets(layer: Layer, op: str, grid: dict[str, tuple] | None = None) -> tuple[tuple[int, int], ...]:
+    """The bucket points a layer's `op` is timed at: those of `grid` (default: BUCKETS), and for a decode step of a
+    sliding-window layer also the first length past its window (`past_window`) at every grid batch within the cache
+    cap."""
+    grid = BUCKETS if grid is None else grid
+    points = grid[op]
+    past = past_window(layer.window, grid) if op == "decode" else None
     if past is None:
         return points
     batches = sorted({b for b, _ in points})

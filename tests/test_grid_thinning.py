@@ -1,0 +1,110 @@
+"""benchmarks/grid_thinning.py: which lines of the workload grid a sweep could go without, on the CPU."""
+
+from __future__ import annotations
+
+import itertools
+
+from attnmatrix.matrix import workloads as W
+from conftest import load_script
+
+
+def _thinning():
+    return load_script("benchmarks/grid_thinning.py")
+
+
+def _grid(batches, decode_lengths, prefill_lengths) -> dict[str, tuple]:
+    prefill = tuple(itertools.product(batches, prefill_lengths))
+    return {"decode": tuple(itertools.product(batches, decode_lengths)), "prefill": prefill, "mla_prefill": prefill}
+
+
+def test_an_axis_keeps_its_ends_and_a_length_its_neighbours_of_its_own_kind():
+    T = _thinning()
+    L = T.Line
+    grid = _grid((1, 2, 4, 8), (512, 1024, 2048), (256, 296, 512, 552, 1024, 1064))
+    assert T.interior_lines(grid) == [L("decode", "batch", 2), L("decode", "batch", 4), L("decode", "length", 1024),
+                                      L("prefill", "batch", 2), L("prefill", "batch", 4),
+                                      L("prefill", "length", 512), L("prefill", "length", 552)]
+    # 552's neighbours are the other lengths past a multiple of 64, not 512 and 1024
+    assert T.neighbours(L("prefill", "length", 552), grid) == {L("prefill", "length", 296),
+                                                               L("prefill", "length", 1064)}
+    assert T.neighbours(L("decode", "batch", 1), grid) == {L("decode", "batch", 2)}
+    less = T.without(grid, [L("prefill", "length", 552), L("decode", "batch", 2)])
+    assert (1, 552) not in less["prefill"] and less["mla_prefill"] == less["prefill"]  # both prefill ops share it
+    assert {b for b, _ in less["decode"]} == {1, 4, 8} and len(less["prefill"]) == 4 * 5
+
+
+def test_lines_are_taken_most_saving_first_and_never_two_neighbours():
+    T = _thinning()
+    L = T.Line
+    grid = _grid((1, 2, 4, 8, 16), (512, 1024, 2048, 4096), (256, 512))
+
+    def figures(sweep_s, over, scans_over=0, geomean=1.001):
+        return {"sweep_s": sweep_s, "grid_points": {"over_1.10": over, "geomean": geomean},
+                "scans": {"over_1.10": scans_over}}
+
+    base = figures(100, 3, 2)
+    scored = {L("decode", "batch", 2): figures(90, 3, 2), L("decode", "batch", 4): figures(80, 3, 2),
+              L("decode", "batch", 8): figures(85, 3, 2, 1.0),
+              L("decode", "length", 1024): figures(70, 4, 2),  # makes one more miss on the grid's points
+              L("decode", "length", 2048): figures(70, 3, 3)}  # and this one on the scans
+    order = T.droppable(base, scored)
+    assert order == [L("decode", "batch", 4), L("decode", "batch", 8), L("decode", "batch", 2)]
+    # 4 first; 8 and 2 are its neighbours
+    assert T.choose(order, grid) == [L("decode", "batch", 4)]
+    assert T.choose([L("decode", "batch", 2), L("decode", "batch", 8)], grid) == [L("decode", "batch", 2),
+                                                                                  L("decode", "batch", 8)]
+
+
+def _rows(times: dict[tuple[int, int], dict[str, float]]) -> list[dict]:
+    call = {"layer": "m:l", "op": "decode", "outcome": "pass", "arch": "sm_90", "heads_q": 8, "heads_kv": 1,
+            "case": "sm_90/x/decode/bfloat16/128x128/gqa"}
+    rows = [{**call, "backend": b, "set": "check"} for b in ("x", "y")]
+    for (batch, length), per in times.items():
+        rows += [{**call, "backend": b, "set": "bucket", "batch": batch, "length": length, "ms": ms,
+                  "rounds": [ms, ms]} for b, ms in per.items()]
+    return rows
+
+
+def test_a_line_that_alone_shows_a_step_cannot_go_and_a_smooth_one_can(monkeypatch):
+    T = _thinning()
+    L = T.Line
+    grid = _grid((1, 2, 4, 8, 16, 32), (512, 1024, 2048, 4096, 8192), (256, 512))
+    monkeypatch.setattr(W, "BUCKETS", grid)
+    # x is 2x faster everywhere but at batch 4, where y is 3x faster: a kernel's step seen on one batch alone
+    times = {p: ({"x": 3.0, "y": 1.0} if p[0] == 4 else {"x": 1.0, "y": 2.0}) for p in grid["decode"]}
+    rows = _rows(times)
+    cells = T.PR.timed_grid(rows)[2]
+    whole = T.design(rows, cells, grid, [])
+    assert whole["grid_points"]["points"] == 0  # the whole grid leaves nothing out
+    step = T.design(rows, cells, T.without(grid, [L("decode", "batch", 4)]), [])
+    assert step["grid_points"] == {"points": 5, "geomean": 3.0, "max": 3.0, "over_1.10": 5}
+    # batch 16, read between 8 and 32, is as smooth as they are (batch 8, read between 4 and 16, is not)
+    smooth = T.design(rows, cells, T.without(grid, [L("decode", "batch", 16)]), [])
+    assert smooth["grid_points"]["points"] == 5 and smooth["grid_points"]["max"] == 1.0
+    assert smooth["timings"]["decode"] < whole["timings"]["decode"] and smooth["sweep_s"] < whole["sweep_s"]
+
+
+def test_a_sweep_of_a_thinner_grid_keeps_its_points_and_a_layers_own_length_at_its_batches(monkeypatch):
+    T = _thinning()
+    grid = _grid((1, 2, 4), (512, 1024, 2048), (256,))
+    monkeypatch.setattr(W, "BUCKETS", grid)
+    rows = [{"set": "bucket", "op": "decode", "batch": b, "length": n} for b, n in grid["decode"]]
+    rows += [{"set": "bucket", "op": "decode", "batch": b, "length": 1088} for b in (1, 2, 4)]  # past a window
+    rows += [{"set": "bucket", "op": "decode", "batch": 3, "length": 1024},  # a committed batch off the grid
+             {"set": "held_out", "op": "decode", "batch": 3, "length": 700}, {"set": "check", "op": "decode"}]
+    less = T.without(grid, [T.Line("decode", "batch", 2)])
+    kept = T.swept(rows, less)
+    assert {(r["batch"], r["length"]) for r in kept if r["set"] == "bucket"} == {
+        (b, n) for b in (1, 4) for n in (512, 1024, 1088, 2048)}
+    assert sum(r["set"] != "bucket" for r in kept) == 2  # the other rows stay
+
+
+def test_the_whole_grid_costs_what_the_sample_says():
+    T = _thinning()
+    G = load_script("benchmarks/grid_reread.py")
+    counts = T.timings(W.BUCKETS)
+    assert counts == {"decode": G.grid_timings({"decode"}), "prefill": G.grid_timings({"prefill", "mla_prefill"})}
+    # the sample's seconds a timing, scaled: its own timings cost what it took
+    assert round(T.sweep_seconds({"decode": 676, "prefill": 261}), 1) == 126.4
+    less = T.timings(T.without(W.BUCKETS, [T.Line("decode", "length", 3072)]))
+    assert less["prefill"] == counts["prefill"] and less["decode"] < counts["decode"]
