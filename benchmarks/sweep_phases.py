@@ -7,9 +7,11 @@ of wall time summed over the run: each layer call's whole workload (`time_worklo
 every point's inputs and calls, and timing them), each backend's check against the reference on the layer (`check`),
 building the inputs of every point (`copies_of`: the problem in as many copies as keep back-to-back calls out of L2),
 timing the calls in turns (`measure_interleaved`), within that sizing and capturing each backend's CUDA graph
-(`plan`, of which `capture` is the captures themselves, per backend too), and how many calls each capture held.
-What `time_workload` holds beyond `check`, `copies_of` and `measure_interleaved` is each backend's `prepare` and
-first calls at every point. On a CPU the calls are not captured (no `plan` or `capture`). It wraps private functions
+(`plan`, of which `capture` is the captures themselves, per backend too), and how many calls each capture held;
+each backend's calls made on every copy of a point's problem (`prepare_calls`: its `prepare`), their first calls
+(`first_calls`: FA4's compile among them), both per backend too, and giving the point's memory back (`release`).
+What `time_workload` holds beyond these is the loop itself. On a CPU the calls are not captured (no `plan` or
+`capture`). It wraps private functions
 of benchmarks/workload_timing.py and kernels/interleaved_timing.py, so it follows them: a renamed one fails here
 loudly rather than going untimed.
 """
@@ -58,6 +60,7 @@ class Phases:
         capture, plan, measure = (interleaved_timing._capture, interleaved_timing._plan,
                                   interleaved_timing.measure_interleaved)
         copies, check, workload = workload_timing.copies_of, workload_timing._check, regret.time_workload
+        prepare, first, release = workload_timing.prepare_calls, workload_timing.first_calls, workload_timing.release
 
         def timed_capture(fn, calls):
             t0 = time.perf_counter()
@@ -86,17 +89,41 @@ class Phases:
             self._names, self._planned = list(fns), 0
             return measure(fns, **kwargs)
 
+        def per_backend(phase: str, fn: Callable, name_of: Callable) -> Callable:
+            def wrapper(*args):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args)
+                finally:
+                    dt = time.perf_counter() - t0
+                    self.seconds[phase] += dt
+                    self.count[phase] += 1
+                    self.per_backend[f"{phase}:{name_of(*args)}"] += dt
+            return wrapper
+
+        # first_calls is handed the calls prepare_calls made, so the backend of those calls is the one just prepared
+        prepared: list[str] = [""]
+
+        def timed_prepare(backend, case, layer, problems):
+            prepared[0] = backend.name
+            return prepare(backend, case, layer, problems)
+
         interleaved_timing._capture = timed_capture
         interleaved_timing._plan = timed_plan
         interleaved_timing.measure_interleaved = self.timed("measure_interleaved", timed_measure)
         workload_timing.copies_of = self.timed("copies_of", copies)
         workload_timing._check = self.timed("check", check)
         regret.time_workload = self.timed("time_workload", workload)
+        workload_timing.prepare_calls = per_backend("prepare_calls", timed_prepare, lambda backend, *_: backend.name)
+        workload_timing.first_calls = per_backend("first_calls", first, lambda _: prepared[0])
+        workload_timing.release = self.timed("release", release)
 
         def undo() -> None:
             interleaved_timing._capture, interleaved_timing._plan = capture, plan
             interleaved_timing.measure_interleaved = measure
             workload_timing.copies_of, workload_timing._check, regret.time_workload = copies, check, workload
+            workload_timing.prepare_calls, workload_timing.first_calls = prepare, first
+            workload_timing.release = release
 
         return undo
 

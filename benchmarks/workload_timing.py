@@ -107,9 +107,6 @@ def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str],
     """Check every backend on the layer, then time those that passed at every point, in turns on one problem
     (`measure_interleaved`). `points`: ((set, ((batch, length), ...)), ...). Returns 3 after a device fault (the
     process cannot go on), else 0."""
-    from dataclasses import replace
-
-    import torch
     from attnmatrix.kernels.interleaved_timing import measure_interleaved
     from attnmatrix.kernels.probe import _message, device_fault
 
@@ -137,10 +134,8 @@ def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str],
                     try:
                         if not problems:  # the same inputs for every backend, allocated once
                             problems = copies_of(case, shape_for(layer, op, batch, length), device)
-                        fn = [backend.prepare(replace(p, case=case, page_size=case.page_size,
-                                                      one_window_size=layer.one_window_size)) for p in problems]
-                        for f in fn:
-                            f()  # the first call compiles (FA4's JIT) and proves the call runs at this shape
+                        fn = prepare_calls(backend, case, layer, problems)
+                        first_calls(fn)
                         fns[name] = fn
                     except Exception as e:  # noqa: BLE001 - a point not timed is noted
                         emit({**rows[name], "outcome": "untimed", "reason": _message(e, 300)})
@@ -162,6 +157,28 @@ def time_workload(backends: dict, layer: Layer, op: str, same_layers: list[str],
                           "note": m.note})
             finally:
                 del fns, problems
-                if device == "cuda":
-                    torch.cuda.empty_cache()
+                release(device)
     return 0
+
+
+def prepare_calls(backend, case, layer: Layer, problems: list) -> list:
+    """The backend's call on each copy of a point's problem, in the layer's call (its cache's page size, its
+    window)."""
+    from dataclasses import replace
+
+    return [backend.prepare(replace(p, case=case, page_size=case.page_size, one_window_size=layer.one_window_size))
+            for p in problems]
+
+
+def first_calls(fns: list) -> None:
+    """Each call once: the first compiles (FA4's JIT), and each proves the call runs at this shape."""
+    for f in fns:
+        f()
+
+
+def release(device: str) -> None:
+    """Give a point's memory back to the device before the next: the grid's largest points need most of it."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()

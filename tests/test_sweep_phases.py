@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from attnmatrix.matrix import workloads as W
 from conftest import load_script
@@ -22,12 +23,18 @@ def test_the_sweep_runs_as_regret_py_runs_it_with_its_phases_timed(tmp_path, mon
     from attnmatrix.kernels import interleaved_timing
 
     measure = interleaved_timing.measure_interleaved
+    workload_timing = sys.modules["workload_timing"]  # the module the script and regret.py import
+    prepare = workload_timing.prepare_calls
     status = P.main(["-o", str(phases), "--", "sweep", "--backends", "sdpa_cpu", "--ops", "decode",
                      "--presets", str(presets), "--rounds", "2", "-o", str(run)])
     assert status == 0 and interleaved_timing.measure_interleaved is measure  # the phases' wrappers are gone
     out = json.loads(phases.read_text())
     # one layer call, three points (two buckets and one held-out), each built and timed once; no graphs on a CPU
-    assert out["count"] == {"check": 1, "copies_of": 3, "measure_interleaved": 3, "time_workload": 1}
+    assert out["count"] == {"check": 1, "copies_of": 3, "first_calls": 3, "measure_interleaved": 3,
+                            "prepare_calls": 3, "release": 3, "time_workload": 1}
+    # the calls made and first run at each point, per backend
+    assert set(out["per_backend_seconds"]) == {"prepare_calls:sdpa_cpu", "first_calls:sdpa_cpu"}
+    assert workload_timing.prepare_calls is prepare  # put back too
     assert out["seconds"]["time_workload"] >= out["seconds"]["measure_interleaved"] >= 0
     assert out["captured_calls"] == {} and out["status"] == 0 and out["sweep"][0] == "sweep"
     timed = [json.loads(line) for line in run.read_text().splitlines()]
