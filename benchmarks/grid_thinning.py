@@ -1,6 +1,6 @@
 """Whether a full sweep can go without some lines of the workload grid, read off the committed timings alone.
 
-    python benchmarks/grid_thinning.py [-o SUMMARY.json] [--workers N]     # CPU, about 15 minutes on 2 cores
+    python benchmarks/grid_thinning.py [-o SUMMARY.json] [--workers N]     # CPU, about 20 minutes on 2 cores
 
 A full sm_90 sweep of the grid (matrix/workloads.py BUCKETS) costs more than 30 minutes of one H200: each (layer
 call, point) timing costs what the grid's 1/16 sample cost a timing (`SAMPLE`), and the grid has about 11,100 decode
@@ -15,7 +15,7 @@ benchmarks/placement_rules.py places it (`interpolate`) from the thinner grid's 
 - the committed bucket points that grid does not time (the line's own points, and the committed points off the grid:
   the factor-1.2 batches the grid times at a wave's end instead);
 - the shape scans' points off it (benchmarks/results/*scan-*.jsonl).
-A line can go when leaving it out alone makes no regret over 1.10 on either set that the whole grid does not make.
+A line can go when leaving it out alone makes no more regrets over 1.10 on either set than the whole grid does.
 Those lines are taken most-saving first (ties: the lower geomean on the grid's points), each unless a line next to it
 on its axis is taken already (two neighbours gone would leave a gap three steps wide), and the grid less all of them is
 scored again.
@@ -24,7 +24,8 @@ The judge comes last and chose nothing: the held-out queries (benchmarks/regret.
 placed by a selector made from a grid's timings alone (`engine_of`): the whole grid's, and the grid less the first 1,
 2, ... of the chosen lines, most saving first, with what a full sweep of each would cost; beside them the generated
 selector, which ranks by every committed timing (the off-grid batches too). The grid drops a line only where the
-judge holds.
+judge holds. Every selector here reads its noise band (within which two timings tie) from the spread of every
+committed row's rounds, held-out rows' too, as the generated selector does: a band, not a ranking.
 """
 
 from __future__ import annotations
@@ -105,17 +106,20 @@ def neighbours(line: Line, grid: dict[str, tuple]) -> set[Line]:
     return {Line(line.kind, line.axis, values[j]) for j in (i - 1, i + 1) if 0 <= j < len(values)}
 
 
-def swept(rows: list[dict], grid: dict[str, tuple]) -> list[dict]:
-    """The rows a sweep of `grid` would leave: the committed rows, bucket rows at `grid`'s points alone (and at a
-    layer's own length past its window, `workloads.layer_buckets`, at `grid`'s batches)."""
-    batches = {op: {b for b, _ in grid[op]} for op in grid}
-    lengths = {op: {n for _, n in grid[op]} for op in grid}
-    dense = {op: {n for _, n in W.BUCKETS[op]} for op in W.BUCKETS}
-    points = {op: set(grid[op]) for op in grid}
+def swept(rows: list[dict], grid: dict[str, tuple], layers: dict | None = None) -> list[dict]:
+    """The rows a sweep of `grid` would leave: the committed rows, bucket rows only at the points a sweep of `grid`
+    times for their layer (`workloads.layer_buckets`: a sliding-window layer's length past its window too, which
+    can be a length the grid left out). `layers`: preset layer name -> Layer (default: the presets); a row of a
+    layer not among them is kept at `grid`'s own points."""
+    layers = {ly.name: ly for ly in W.load_presets()} if layers is None else layers
+    points: dict[tuple[str, str], set] = {}
 
     def kept(r: dict) -> bool:
-        op, b, n = r["op"], r["batch"], r["length"]
-        return (b, n) in points[op] or (b in batches[op] and n not in dense[op] and n not in lengths[op])
+        key = (r.get("layer"), r["op"])
+        if key not in points:
+            ly = layers.get(key[0])
+            points[key] = set(W.layer_buckets(ly, key[1], grid) if ly is not None else grid[key[1]])
+        return (r["batch"], r["length"]) in points[key]
 
     return [r for r in rows if r.get("set") != "bucket" or kept(r)]
 
@@ -182,8 +186,8 @@ def _judge_less(lines: tuple[Line, ...]) -> dict:
 
 
 def droppable(base: dict, scored: dict[Line, dict]) -> list[Line]:
-    """The lines whose leaving out alone makes no regret over 1.10 on either design set that the grid does not, most
-    saving first (ties: the lower geomean on the grid's points, then the line)."""
+    """The lines whose leaving out alone makes no more regrets over 1.10 on either design set than the whole grid
+    does, most saving first (ties: the lower geomean on the grid's points, then the line)."""
     ok = [ln for ln, s in scored.items()
           if all(s[k]["over_1.10"] <= base[k]["over_1.10"] for k in ("grid_points", "scans"))]
     return sorted(ok, key=lambda ln: (scored[ln]["sweep_s"], scored[ln]["grid_points"]["geomean"] or 0, ln))

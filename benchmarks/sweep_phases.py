@@ -8,12 +8,11 @@ every point's inputs and calls, and timing them), each backend's check against t
 building the inputs of every point (`copies_of`: the problem in as many copies as keep back-to-back calls out of L2),
 timing the calls in turns (`measure_interleaved`), within that sizing and capturing each backend's CUDA graph
 (`plan`, of which `capture` is the captures themselves, per backend too), and how many calls each capture held;
-each backend's calls made on every copy of a point's problem (`prepare_calls`: its `prepare`), their first calls
-(`first_calls`: FA4's compile among them), both per backend too, and giving the point's memory back (`release`).
-What `time_workload` holds beyond these is the loop itself. On a CPU the calls are not captured (no `plan` or
-`capture`). It wraps private functions
-of benchmarks/workload_timing.py and kernels/interleaved_timing.py, so it follows them: a renamed one fails here
-loudly rather than going untimed.
+each backend's calls made on every copy of a point's problem (`prepare_calls`: its `prepare`) and their first calls
+(`first_calls`: FA4's compile among them, waited for on the GPU), both per backend too; and giving the point's memory
+back (`release`). What `time_workload` holds beyond these is the loop itself. On a CPU the calls are not captured (no
+`plan` or `capture`). It wraps functions of benchmarks/workload_timing.py and kernels/interleaved_timing.py, private
+ones among them, so it follows them: a renamed one fails here loudly rather than going untimed.
 """
 
 from __future__ import annotations
@@ -31,6 +30,14 @@ import regret  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
 import workload_timing  # noqa: E402
 from attnmatrix.kernels import interleaved_timing  # noqa: E402
 from attnmatrix.matrix.storage import atomic_write_text  # noqa: E402
+
+
+def synchronize() -> None:
+    """Wait for the GPU's queued work, where a CUDA device is in use."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 class Phases:
@@ -89,12 +96,14 @@ class Phases:
             self._names, self._planned = list(fns), 0
             return measure(fns, **kwargs)
 
-        def per_backend(phase: str, fn: Callable, name_of: Callable) -> Callable:
+        def per_backend(phase: str, fn: Callable, name_of: Callable, sync: bool = False) -> Callable:
             def wrapper(*args):
                 t0 = time.perf_counter()
                 try:
                     return fn(*args)
                 finally:
+                    if sync:  # the calls' GPU time is theirs, not that of whatever runs next
+                        synchronize()
                     dt = time.perf_counter() - t0
                     self.seconds[phase] += dt
                     self.count[phase] += 1
@@ -115,7 +124,7 @@ class Phases:
         workload_timing._check = self.timed("check", check)
         regret.time_workload = self.timed("time_workload", workload)
         workload_timing.prepare_calls = per_backend("prepare_calls", timed_prepare, lambda backend, *_: backend.name)
-        workload_timing.first_calls = per_backend("first_calls", first, lambda _: prepared[0])
+        workload_timing.first_calls = per_backend("first_calls", first, lambda _: prepared[0], sync=True)
         workload_timing.release = self.timed("release", release)
 
         def undo() -> None:

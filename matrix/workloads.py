@@ -77,12 +77,12 @@ from .models import call_params, layer_ops
 # the grid points around a query (`around`) fare there. The grid is meant to be small enough that a full sm_90 sweep of
 # the installed backends over the presets fits in 30 minutes of one H200; a 1/16 sample of it timed again
 # (benchmarks/grid_reread.py) puts the whole at about 34 minutes, at or over that: what each of its timed parts cost is
-# in benchmarks/results/README.md (benchmarks/batch_axis.py weighs denser batch axes). Leaving lines out does not buy
-# that back: of the lines whose own points the rest of the grid reads well, the fewest that fit (decode contexts 3072,
-# 12288 and 24576, prefill batches 16 and 32 and length 552: about 29.4 minutes with FA4's warm-up) take the held-out
-# queries, ranked by the thinner grid's timings alone, from 6 to 9 over 1.10, and more lines to 13
-# (benchmarks/grid_thinning.py). The cost is in building and warming each backend's calls at a point
-# (benchmarks/sweep_phases.py), not in the number of points alone.
+# in benchmarks/results/README.md (benchmarks/batch_axis.py weighs denser batch axes). The grid keeps every line:
+# of the lines whose own points the rest of the grid reads well, left out most saving first
+# (benchmarks/grid_thinning.py), the first four (decode contexts 3072, 12288 and 24576, prefill batch 16) cost the
+# held-out queries, ranked by the thinner grid's timings alone, nothing (6 over 1.10 either way) but leave a sweep at
+# about 30.9 minutes with FA4's warm-up, and by the time it fits (the sixth, 29.4) 9 are over. The cost is in
+# building and warming each backend's calls at a point (benchmarks/sweep_phases.py), not in the number of points alone.
 PREFILL_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 PREFILL_LENGTHS = [256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
 PREFILL_UNALIGNED = [n + 40 for n in PREFILL_LENGTHS if n <= 1024]

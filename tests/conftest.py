@@ -167,8 +167,8 @@ def vendored_selector(text: str, folder: Path, name: str = "gen_selector"):
 
 def load_script(relpath: str):
     """A script of the repository that is no package module (benchmarks/*.py, scripts/*.py), imported from its file
-    under a name of its own, so a test calls its functions. The module is registered under that name while it runs,
-    as an import would: a dataclass reads its module's namespace."""
+    under a name of its own, so a test calls its functions. The module is registered under that name (in
+    sys.modules), as an import would: a dataclass reads its module's namespace."""
     import importlib.util
     import sys
 

@@ -49,6 +49,9 @@ def test_lines_are_taken_most_saving_first_and_never_two_neighbours():
               L("decode", "length", 2048): figures(70, 3, 3)}  # and this one on the scans
     order = T.droppable(base, scored)
     assert order == [L("decode", "batch", 4), L("decode", "batch", 8), L("decode", "batch", 2)]
+    # as saving: the lower geomean on the grid's points first
+    tied = {L("decode", "batch", 2): figures(90, 3, 2, 1.002), L("decode", "batch", 16): figures(90, 3, 2, 1.001)}
+    assert T.droppable(base, tied) == [L("decode", "batch", 16), L("decode", "batch", 2)]
     # 4 first; 8 and 2 are its neighbours
     assert T.choose(order, grid) == [L("decode", "batch", 4)]
     assert T.choose([L("decode", "batch", 2), L("decode", "batch", 8)], grid) == [L("decode", "batch", 2),
@@ -84,25 +87,37 @@ def test_a_line_that_alone_shows_a_step_cannot_go_and_a_smooth_one_can(monkeypat
     assert smooth["timings"]["decode"] < whole["timings"]["decode"] and smooth["sweep_s"] < whole["sweep_s"]
 
 
-def test_a_sweep_of_a_thinner_grid_keeps_its_points_and_a_layers_own_length_at_its_batches(monkeypatch):
+def test_a_sweep_of_a_thinner_grid_keeps_each_layers_own_points(monkeypatch):
     T = _thinning()
-    grid = _grid((1, 2, 4), (512, 1024, 2048), (256,))
+    grid = _grid((1, 2, 4), (512, 1024, 2048, 4096), (256,))
     monkeypatch.setattr(W, "BUCKETS", grid)
-    rows = [{"set": "bucket", "op": "decode", "batch": b, "length": n} for b, n in grid["decode"]]
-    rows += [{"set": "bucket", "op": "decode", "batch": b, "length": 1088} for b in (1, 2, 4)]  # past a window
-    rows += [{"set": "bucket", "op": "decode", "batch": 3, "length": 1024},  # a committed batch off the grid
+    layers = {ly.name: ly for ly in W.load_presets()}
+    full, windowed = layers["llama-3.1-8b:full"], layers["phi-3-medium-4k:sliding"]  # no window; a window of 2047
+    assert windowed.window == 2047 and W.past_window(2047, grid) is None  # 2048, a grid length, is past it already
+
+    def bucket(layer, b, n):
+        return {"set": "bucket", "op": "decode", "layer": layer, "batch": b, "length": n}
+
+    rows = [bucket(ly, b, n) for ly in (full.name, windowed.name) for b, n in grid["decode"]]
+    rows += [bucket(full.name, 3, 1024),  # a committed batch off the grid
              {"set": "held_out", "op": "decode", "batch": 3, "length": 700}, {"set": "check", "op": "decode"}]
-    less = T.without(grid, [T.Line("decode", "batch", 2)])
-    kept = T.swept(rows, less)
-    assert {(r["batch"], r["length"]) for r in kept if r["set"] == "bucket"} == {
-        (b, n) for b in (1, 4) for n in (512, 1024, 1088, 2048)}
+    # without batch 2 and context 2048: 2048 is now the window's first length past it, timed for that layer alone
+    less = T.without(grid, [T.Line("decode", "batch", 2), T.Line("decode", "length", 2048)])
+    kept = T.swept(rows, less, layers)
+    at = {(r["layer"], r["batch"], r["length"]) for r in kept if r["set"] == "bucket"}
+    assert {(b, n) for ly, b, n in at if ly == full.name} == {(b, n) for b in (1, 4) for n in (512, 1024, 4096)}
+    assert {(b, n) for ly, b, n in at if ly == windowed.name} == {(b, n) for b in (1, 4) for n in (512, 1024, 2048,
+                                                                                                   4096)}
     assert sum(r["set"] != "bucket" for r in kept) == 2  # the other rows stay
+    # a row of a layer no preset names is kept at the grid's own points
+    assert T.swept([bucket("x:y", 1, 2048), bucket("x:y", 1, 512)], less, layers) == [bucket("x:y", 1, 512)]
 
 
 def test_the_whole_grid_costs_what_the_sample_says():
     T = _thinning()
     G = load_script("benchmarks/grid_reread.py")
     counts = T.timings(W.BUCKETS)
+    assert counts == {"decode": 11104, "prefill": 4263}  # the presets' layer calls at their bucket points
     assert counts == {"decode": G.grid_timings({"decode"}), "prefill": G.grid_timings({"prefill", "mla_prefill"})}
     # the sample's seconds a timing, scaled: its own timings cost what it took
     assert round(T.sweep_seconds({"decode": 676, "prefill": 261}), 1) == 126.4

@@ -24,7 +24,7 @@ def test_the_sweep_runs_as_regret_py_runs_it_with_its_phases_timed(tmp_path, mon
 
     measure = interleaved_timing.measure_interleaved
     workload_timing = sys.modules["workload_timing"]  # the module the script and regret.py import
-    prepare = workload_timing.prepare_calls
+    originals = (workload_timing.prepare_calls, workload_timing.first_calls, workload_timing.release)
     status = P.main(["-o", str(phases), "--", "sweep", "--backends", "sdpa_cpu", "--ops", "decode",
                      "--presets", str(presets), "--rounds", "2", "-o", str(run)])
     assert status == 0 and interleaved_timing.measure_interleaved is measure  # the phases' wrappers are gone
@@ -34,7 +34,7 @@ def test_the_sweep_runs_as_regret_py_runs_it_with_its_phases_timed(tmp_path, mon
                             "prepare_calls": 3, "release": 3, "time_workload": 1}
     # the calls made and first run at each point, per backend
     assert set(out["per_backend_seconds"]) == {"prepare_calls:sdpa_cpu", "first_calls:sdpa_cpu"}
-    assert workload_timing.prepare_calls is prepare  # put back too
+    assert (workload_timing.prepare_calls, workload_timing.first_calls, workload_timing.release) == originals
     assert out["seconds"]["time_workload"] >= out["seconds"]["measure_interleaved"] >= 0
     assert out["captured_calls"] == {} and out["status"] == 0 and out["sweep"][0] == "sweep"
     timed = [json.loads(line) for line in run.read_text().splitlines()]
