@@ -40,3 +40,32 @@ def test_the_sweep_runs_as_regret_py_runs_it_with_its_phases_timed(tmp_path, mon
     timed = [json.loads(line) for line in run.read_text().splitlines()]
     assert sum(r["set"] in ("bucket", "held_out") and r.get("outcome") == "pass" for r in timed) == 3
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
+
+
+def test_a_points_first_calls_are_charged_to_the_backend_just_prepared():
+    import dataclasses
+    from types import SimpleNamespace
+
+    P = load_script("benchmarks/sweep_phases.py")
+    workload_timing = sys.modules["workload_timing"]
+
+    @dataclasses.dataclass
+    class Problem:
+        case: object = None
+        page_size: int | None = None
+        one_window_size: bool = False
+
+    ran = []
+    backends = [SimpleNamespace(name=n, prepare=lambda p, n=n: (lambda: ran.append(n))) for n in ("a", "b")]
+    phases = P.Phases()
+    undo = phases.install()
+    try:
+        for backend in backends:  # as time_workload does at a point: each backend's calls made, then run once
+            fns = workload_timing.prepare_calls(backend, SimpleNamespace(page_size=16),
+                                                SimpleNamespace(one_window_size=True), [Problem(), Problem()])
+            workload_timing.first_calls(fns)
+    finally:
+        undo()
+    assert ran == ["a", "a", "b", "b"]
+    assert set(phases.per_backend) == {"prepare_calls:a", "prepare_calls:b", "first_calls:a", "first_calls:b"}
+    assert phases.count == {"prepare_calls": 2, "first_calls": 2}
