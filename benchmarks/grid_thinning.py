@@ -50,7 +50,7 @@ import regret  # noqa: E402
 # kind -> (seconds, timings) of the grid's 1/16 sample swept with every backend and its checks
 # (benchmarks/results/README.md, the grid-reread rows): what one (layer call, point) timing costs, on average
 SAMPLE = {"decode": (86.6, 676), "prefill": (39.8, 261)}
-# a sweep's FA4 warm-up: 55-113 s in the committed sweeps (benchmarks/results/README.md), counted at its longest
+# a sweep's FA4 warm-up: 55-113 s in the committed sweeps (benchmarks/results/README.md), counted above the longest
 FA4_WARM_UP_S = 120
 BUDGET_S = 30 * 60  # of one H200, for a full sweep of the grid (matrix/workloads.py)
 KINDS = ("decode", "prefill")  # the grids: decode's own, prefill's for prefill and MLA prefill
