@@ -181,6 +181,18 @@ def load_script(relpath: str):
     return mod
 
 
+def sweep_rows(times: dict[tuple[int, int], dict[str, float]]) -> list[dict]:
+    """Sweep rows (benchmarks/regret.py sweep) of one decode layer call: backends x and y checked and passed, and
+    timed at each (batch, length) of `times` as given (both rounds alike: no noise)."""
+    call = {"layer": "m:l", "op": "decode", "outcome": "pass", "arch": "sm_90", "heads_q": 8, "heads_kv": 1,
+            "case": "sm_90/x/decode/bfloat16/128x128/gqa"}
+    rows = [{**call, "backend": b, "set": "check"} for b in ("x", "y")]
+    for (batch, length), per in times.items():
+        rows += [{**call, "backend": b, "set": "bucket", "batch": batch, "length": length, "ms": ms,
+                  "rounds": [ms, ms]} for b, ms in per.items()]
+    return rows
+
+
 @pytest.fixture
 def load_selector() -> Callable:
     return vendored_selector

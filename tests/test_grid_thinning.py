@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from attnmatrix.matrix import workloads as W
-from conftest import load_script
+from conftest import load_script, sweep_rows
 
 
 def _thinning():
@@ -58,16 +58,6 @@ def test_lines_are_taken_most_saving_first_and_never_two_neighbours():
                                                                                   L("decode", "batch", 8)]
 
 
-def _rows(times: dict[tuple[int, int], dict[str, float]]) -> list[dict]:
-    call = {"layer": "m:l", "op": "decode", "outcome": "pass", "arch": "sm_90", "heads_q": 8, "heads_kv": 1,
-            "case": "sm_90/x/decode/bfloat16/128x128/gqa"}
-    rows = [{**call, "backend": b, "set": "check"} for b in ("x", "y")]
-    for (batch, length), per in times.items():
-        rows += [{**call, "backend": b, "set": "bucket", "batch": batch, "length": length, "ms": ms,
-                  "rounds": [ms, ms]} for b, ms in per.items()]
-    return rows
-
-
 def test_a_line_that_alone_shows_a_step_cannot_go_and_a_smooth_one_can(monkeypatch):
     T = _thinning()
     L = T.Line
@@ -75,7 +65,7 @@ def test_a_line_that_alone_shows_a_step_cannot_go_and_a_smooth_one_can(monkeypat
     monkeypatch.setattr(W, "BUCKETS", grid)
     # x is 2x faster everywhere but at batch 4, where y is 3x faster: a kernel's step seen on one batch alone
     times = {p: ({"x": 3.0, "y": 1.0} if p[0] == 4 else {"x": 1.0, "y": 2.0}) for p in grid["decode"]}
-    rows = _rows(times)
+    rows = sweep_rows(times)
     cells = T.PR.timed_grid(rows)[2]
     whole = T.design(rows, cells, grid, [])
     assert whole["grid_points"]["points"] == 0  # the whole grid leaves nothing out

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-from conftest import load_script
+from conftest import load_script, sweep_rows
 
 
 def _rules():
     return load_script("benchmarks/placement_rules.py")
-
-
-def _rows(times: dict[tuple[int, int], dict[str, float]]) -> list[dict]:
-    call = {"layer": "m:l", "op": "decode", "outcome": "pass", "arch": "sm_90", "heads_q": 8, "heads_kv": 1,
-            "case": "sm_90/x/decode/bfloat16/128x128/gqa"}
-    rows = [{**call, "backend": b, "set": "check"} for b in ("x", "y")]
-    for (batch, length), per in times.items():
-        rows += [{**call, "backend": b, "set": "bucket", "batch": batch, "length": length, "ms": ms,
-                  "rounds": [ms, ms]} for b, ms in per.items()]
-    return rows
 
 
 def test_a_hidden_point_is_placed_from_the_cell_around_it_and_scored_against_the_fastest_there():
@@ -30,7 +20,7 @@ def test_a_hidden_point_is_placed_from_the_cell_around_it_and_scored_against_the
     # x is 2x faster everywhere but at (4, 2048), where y is: read off the cell around it, x is every rule's pick
     times = {p: {"x": 1.0, "y": 2.0} for p in grid}
     times[(4, 2048)] = {"x": 3.0, "y": 1.0}
-    result = R.compare(_rows(times))
+    result = R.compare(sweep_rows(times))
     for rule in R.RULES:
         assert result["rules"][rule]["points"] == 9 and result["rules"][rule]["max"] == 3.0
     assert result["rules"]["interpolate"]["over_1.10"] == result["rules"]["any_length"]["over_1.10"] == 1
