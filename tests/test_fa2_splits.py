@@ -30,3 +30,23 @@ def test_a_decode_step_runs_another_split_between_timed_points():
     assert s.splits(14, 16, 8, 256, 653, True) == 1 and s.splits(14, 16, 8, 256, 653, False) == 2
     assert s.kind(11, [3, 3]) == "more" and s.kind(3, [3, 3]) == "same" and s.kind(2, [3, 4]) == "fewer"
     assert s.kind(3, [2, 4]) == "mixed"
+
+
+def test_the_split_time_model_counts_waves_times_kv_blocks_a_split():
+    s = _splits()
+    # gemma-3-12b's global layer at 18 x 653: 144 thread blocks x 11 splits over 264 slots = 6 waves of one KV
+    # block each; at 17 x 512: 136 x 3 = 2 waves of 3 of its 8 KV blocks
+    assert s.thread_blocks(18, 16, 8, False) == 144 and s.thread_blocks(18, 16, 8, True) == 288
+    assert s.split_time(18, 16, 8, 256, 653, False, 1) == 6 * (1 + 1)
+    assert s.split_time(17, 16, 8, 256, 512, False, 2) == 2 * (2 + 3)
+
+
+def test_the_model_reading_scales_interpolation_by_the_models_own_misreading():
+    s = _splits()
+    corners = [(16, 512), (16, 1024), (32, 512), (32, 1024)]
+    # a model flat over the cell leaves the reading as interpolated
+    assert abs(s.model_reading(2.0, lambda b, n: 5.0, 20, 700, corners) - 2.0) < 1e-9
+    # a model that grows as the interpolation does leaves it too (log-linear in both axes)
+    assert abs(s.model_reading(2.0, lambda b, n: b * n, 20, 700, corners) - 2.0) < 1e-9
+    # a step at the query the corners do not show scales the reading by that step
+    assert abs(s.model_reading(2.0, lambda b, n: 3.0 if (b, n) == (20, 700) else 1.0, 20, 700, corners) - 6.0) < 1e-9
