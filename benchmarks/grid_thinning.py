@@ -1,6 +1,6 @@
 """Whether a full sweep can go without some lines of the workload grid, read off the committed timings alone.
 
-    python benchmarks/grid_thinning.py [-o SUMMARY.json] [--workers N]     # CPU, about 20 minutes on 2 cores
+    python benchmarks/grid_thinning.py [-o SUMMARY.json] [--workers N]     # CPU, 13 to 20 minutes on 2 cores
 
 A full sm_90 sweep of the grid (matrix/workloads.py BUCKETS) costs more than 30 minutes of one H200: each (layer
 call, point) timing costs what the grid's 1/16 sample cost a timing (`SAMPLE`), and the grid has about 11,100 decode
@@ -24,8 +24,20 @@ The judge comes last and chose nothing: the held-out queries (benchmarks/regret.
 placed by a selector made from a grid's timings alone (`engine_of`): the whole grid's, and the grid less the first 1,
 2, ... of the chosen lines, most saving first, with what a full sweep of each would cost; beside them the generated
 selector, which ranks by every committed timing (the off-grid batches too). The grid drops a line only where the
-judge holds. Every selector here reads its noise band (within which two timings tie) from the spread of every
-committed row's rounds, held-out rows' too, as the generated selector does: a band, not a ranking.
+judge holds.
+
+The other way round: the committed decode batches off the grid (`off_grid_batches`: the factor-1.2 batches the grid
+times at a wave's end instead) are each added to the whole grid in turn (`with_batches`) and scored on the scans,
+without the scanned points at any of those batches (`design`'s `skip`: every grid is scored on the same points). A
+batch that alone ends regrets over 1.10 there is one to add (`addable`); the judge scores the grid with the first 1,
+2, ... of them, most ended first, and with all of them, each with its sweep's cost; beside each, the whole grid's own
+points read with that grid's interpolation band (`engine_of`'s `interpolation_band`). The band is derived from how
+well every point of a grid is read from its neighbours, and it also decides which of cuDNN's power-of-two timings are
+read as its fast path, so added points change answers far from them through it: the control says which misses the
+added points end and which the band ends.
+
+Every selector here reads its noise band (within which two timings tie) from the spread of every committed row's
+rounds, held-out rows' too, as the generated selector does: a band, not a ranking.
 """
 
 from __future__ import annotations
@@ -148,8 +160,10 @@ def pick_regret(order: list[str], truth: dict[str, float]) -> float | None:
     return truth[pick] / min(truth.values()) if pick else None
 
 
-def design(rows: list[dict], dense_cells: dict, grid: dict[str, tuple], scans: list[Path]) -> dict:
-    """`grid` scored on the design sets (the module's docstring): {grid_points, scans, timings, sweep_s}."""
+def design(rows: list[dict], dense_cells: dict, grid: dict[str, tuple], scans: list[Path],
+           skip: frozenset[int] = frozenset()) -> dict:
+    """`grid` scored on the design sets (the module's docstring): {grid_points, scans, timings, sweep_s}. `skip`:
+    decode batches whose points neither set scores (grids that differ in them are scored on the same points)."""
     thin = swept(rows, grid)
     band, spread, cells = PR.timed_grid(thin)
     kw = {"graphs": PR.GRAPHS, "paths": PR.PATHS, "whole_tiles": PR.WHOLE_TILES}
@@ -160,11 +174,13 @@ def design(rows: list[dict], dense_cells: dict, grid: dict[str, tuple], scans: l
             layer = [r for r in cells.get(key, ()) if r[:2] == heads]
             kept = {(r[2], r[3]) for r in layer}
             for r in cell:
-                if r[:2] == heads and (r[2], r[3]) not in kept:
+                if r[:2] == heads and (r[2], r[3]) not in kept and not (op == "decode" and r[2] in skip):
                     p = place(layer, op, {"batch_size": r[2], LENGTH_HINT[op]: r[3]}, band, spread, **kw)
                     left_out.append(pick_regret([b for b, _ in p.order], dict(r[5])))
     scanned = []
     for op, b, n, truth, layer, bd, sp, _ in PR.off_grid(thin, scans, (band, spread, cells)):
+        if op == "decode" and b in skip:
+            continue
         p = place(layer, op, {"batch_size": b, LENGTH_HINT[op]: n}, bd, sp, **kw)
         scanned.append(pick_regret([x for x, _ in p.order], truth))
     counts = timings(grid)
@@ -185,6 +201,21 @@ def _judge_less(lines: tuple[Line, ...]) -> dict:
             "sweep_s": round(sweep_seconds(timings(grid)), 1)}
 
 
+def _score_added(batch: int) -> dict:
+    return design(_STATE["rows"], _STATE["cells"], with_batches(W.BUCKETS, [batch]), _STATE["scans"],
+                  _STATE["skip"])
+
+
+def _judge_with(batches: tuple[int, ...], interpolation_band: float | None = None) -> dict:
+    grid = with_batches(W.BUCKETS, batches)
+    return {**judge(_STATE["rows"], engine_of(swept(_STATE["rows"], grid), interpolation_band)),
+            "sweep_s": round(sweep_seconds(timings(grid)), 1)}
+
+
+def _judge_band(band: float) -> dict:
+    return _judge_with((), band)
+
+
 def droppable(base: dict, scored: dict[Line, dict]) -> list[Line]:
     """The lines whose leaving out alone makes no more regrets over 1.10 on either design set than the whole grid
     does, most saving first (ties: the lower geomean on the grid's points, then the line)."""
@@ -202,9 +233,31 @@ def choose(candidates: list[Line], grid: dict[str, tuple]) -> list[Line]:
     return sorted(taken)
 
 
-def engine_of(rows: list[dict]):
+def off_grid_batches(rows: list[dict], grid: dict[str, tuple]) -> list[int]:
+    """The decode batches the committed bucket timings hold and `grid` does not: the factor-1.2 batches the grid times
+    at a wave's end instead."""
+    on = {b for b, _ in grid["decode"]}
+    return sorted({r["batch"] for r in rows if r.get("set") == "bucket" and r["op"] == "decode"} - on)
+
+
+def with_batches(grid: dict[str, tuple], batches) -> dict[str, tuple]:
+    """`grid` with decode `batches` added at each of its decode lengths."""
+    lengths = sorted({n for _, n in grid["decode"]})
+    return {**grid, "decode": tuple(sorted(set(grid["decode"]) | {(b, n) for b in batches for n in lengths}))}
+
+
+def addable(base: dict, scored: dict[int, dict]) -> list[int]:
+    """The batches whose adding alone makes fewer regrets over 1.10 on the scans (scored without any candidate's
+    points) than the grid does, the most ended first (ties: the lower geomean, then the batch)."""
+    ok = [b for b, s in scored.items() if s["scans"]["over_1.10"] < base["scans"]["over_1.10"]]
+    return sorted(ok, key=lambda b: (scored[b]["scans"]["over_1.10"], scored[b]["scans"]["geomean"] or 0, b))
+
+
+def engine_of(rows: list[dict], interpolation_band: float | None = None):
     """A selector engine like the generated one (attnmatrix/selector.py), its workload timings read from `rows` alone
-    (as generator/capabilities.py `workloads` reads the committed files)."""
+    (as generator/capabilities.py `workloads` reads the committed files). `interpolation_band`: the band within which
+    two backends placed between timed points cannot be told apart (default: the one `rows` give, as the generator
+    derives it); it also decides which of cuDNN's power-of-two timings are read as its fast path."""
     from attnmatrix import selector
     from attnmatrix.selector_vllm import VllmEngine
 
@@ -212,8 +265,9 @@ def engine_of(rows: list[dict]):
     timed: dict = {}
     for (arch, *cell), cell_rows in W.selector_rows(orders).items():
         timed.setdefault(arch, {})[tuple(cell)] = tuple(cell_rows)
+    spread = interpolation_band or W.interpolation_error(orders)["p90"] or 1.0
     return VllmEngine({**selector.DATA, "workloads": timed, "workload_band": noise["p90"] or 1.0,
-                       "workload_interpolation_band": W.interpolation_error(orders)["p90"] or 1.0})
+                       "workload_interpolation_band": spread})
 
 
 def judge(rows: list[dict], engine=None) -> dict:
@@ -225,7 +279,16 @@ def judge(rows: list[dict], engine=None) -> dict:
     g = result["regret"]
     over = [{k: q[k] for k in ("layer", "op", "shape", "pick", "fastest", "regret")} for q in result["queries"]
             if (q.get("regret") or 0) > 1.10]
-    return {**{k: g[k] for k in ("queries", "geomean", "max", "over_1.10", "fresh_draws")}, "over": over}
+    band = (engine or selector_engine()).data.get("workload_interpolation_band")
+    return {**{k: g[k] for k in ("queries", "geomean", "max", "over_1.10", "fresh_draws")}, "over": over,
+            "interpolation_band": band}
+
+
+def selector_engine():
+    """The generated selector's engine."""
+    from attnmatrix import selector
+
+    return selector._ENGINE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="processes scoring the lines (default 2)")
     args = ap.parse_args(argv)
     rows = W.load_rows(None)
-    _STATE.update(rows=rows, cells=PR.timed_grid(rows)[2], scans=SCANS)
+    extra = off_grid_batches(rows, W.BUCKETS)
+    _STATE.update(rows=rows, cells=PR.timed_grid(rows)[2], scans=SCANS, skip=frozenset(extra))
     base = design(rows, _STATE["cells"], W.BUCKETS, SCANS)
     lines = interior_lines(W.BUCKETS)
     print(f"the whole grid: {fmt(base)}", flush=True)
@@ -252,6 +316,15 @@ def main(argv: list[str] | None = None) -> int:
               f"(a full sweep's minutes with FA4's warm-up, {FA4_WARM_UP_S} s, of {BUDGET_S // 60}):", flush=True)
         prefixes = [tuple(taken[:i]) for i in range(len(taken) + 1)]
         curve = pool.map(_judge_less, prefixes)
+        base_add = design(rows, _STATE["cells"], W.BUCKETS, SCANS, _STATE["skip"])
+        added = dict(zip(extra, pool.map(_score_added, extra), strict=True))
+        gain = addable(base_add, added)
+        sets = [tuple(gain[:i]) for i in range(1, len(gain) + 1)]
+        sets += [tuple(extra)] if tuple(extra) not in sets else []
+        with_curve = pool.map(_judge_with, sets)
+        # the whole grid's points read with each of those grids' interpolation bands: what the added points end
+        # and what the band their rows narrow ends
+        controls = pool.map(_judge_band, [h["interpolation_band"] for h in with_curve])
     held = {"generated": judge(rows),
             "grid_less": [{"lines": [str(x) for x in p], **h} for p, h in zip(prefixes, curve, strict=True)]}
     g = held["generated"]
@@ -261,9 +334,28 @@ def main(argv: list[str] | None = None) -> int:
         name = f"the grid less {', '.join(map(str, p))}" if p else "the whole grid"
         print(f"  ~{(h['sweep_s'] + FA4_WARM_UP_S) / 60:4.1f} min  geomean {h['geomean']}, max {h['max']}, "
               f"{h['over_1.10']:2} over 1.10: {name}")
+    c = base_add["scans"]
+    print(f"decode batches the committed timings hold off the grid: {', '.join(map(str, extra))}; on the scans "
+          f"without their points ({c['points']}) the whole grid has geomean {c['geomean']}, max {c['max']}, "
+          f"{c['over_1.10']} over 1.10")
+    for b, a in added.items():
+        c = a["scans"]
+        print(f"  with decode batch {b:<4} {a['timings']['decode']} decode timings, ~{a['sweep_s'] / 60:.1f} min; "
+              f"scans: {c['geomean']}, {c['max']}, {c['over_1.10']} over")
+    print(f"batches that end regrets over 1.10 on the scans, the most first: {', '.join(map(str, gain)) or 'none'}")
+    print("the judge, as above:")
+    for bs, h, c in zip(sets, with_curve, controls, strict=True):
+        print(f"  ~{(h['sweep_s'] + FA4_WARM_UP_S) / 60:4.1f} min  geomean {h['geomean']}, max {h['max']}, "
+              f"{h['over_1.10']:2} over 1.10: the grid with decode batches {', '.join(map(str, bs))} (interpolation "
+              f"band {h['interpolation_band']}; the whole grid read with that band: {c['geomean']}, {c['max']}, "
+              f"{c['over_1.10']} over)")
+    held["grid_with"] = [{"batches": list(bs), **h, "whole_grid_at_its_band": c}
+                         for bs, h, c in zip(sets, with_curve, controls, strict=True)]
     result = {"sample_cost": {k: {"seconds": s, "timings": n} for k, (s, n) in SAMPLE.items()},
               "fa4_warm_up_s": FA4_WARM_UP_S, "whole_grid": base, "lines": {str(ln): s for ln, s in scored.items()},
-              "can_go": [asdict(ln) for ln in taken], "grid_less_them": union, "held_out": held}
+              "can_go": [asdict(ln) for ln in taken], "grid_less_them": union, "held_out": held,
+              "added_batches": {"candidates": extra, "whole_grid": base_add,
+                                "with": {str(b): a for b, a in added.items()}, "can_add": gain}}
     if args.output:
         atomic_write_text(Path(args.output), json.dumps(result, indent=1, sort_keys=True) + "\n")
     return 0

@@ -113,3 +113,61 @@ def test_the_whole_grid_costs_what_the_sample_says():
     assert round(T.sweep_seconds({"decode": 676, "prefill": 261}), 1) == 126.4
     less = T.timings(T.without(W.BUCKETS, [T.Line("decode", "length", 3072)]))
     assert less["prefill"] == counts["prefill"] and less["decode"] < counts["decode"]
+
+
+def test_a_committed_batch_off_the_grid_is_added_where_it_ends_misses_on_the_same_scanned_points(tmp_path,
+                                                                                                   monkeypatch):
+    import json
+
+    T = _thinning()
+    grid = _grid((1, 2, 8, 16), (512, 1024, 2048), (256,))
+    monkeypatch.setattr(W, "BUCKETS", grid)
+    # y is 3x faster than x at 4 and 5 sequences (a step the grid's batches 2 and 8 do not show); 4 is committed
+    # off the grid, as the factor-1.2 batches are
+    def at(b):
+        return {"x": 3.0, "y": 1.0} if b in (4, 5) else {"x": 1.0, "y": 2.0}
+
+    rows = sweep_rows({(b, n): at(b) for b in (1, 2, 4, 8, 16) for n in (512, 1024, 2048)})
+    assert T.off_grid_batches(rows, grid) == [4]
+    plus = T.with_batches(grid, [4])
+    assert {p for p in plus["decode"] if p[0] == 4} == {(4, 512), (4, 1024), (4, 2048)}
+    assert plus["prefill"] == grid["prefill"] and set(grid["decode"]) < set(plus["decode"])
+    scan = tmp_path / "scan.jsonl"
+    call = {k: rows[0][k] for k in ("layer", "op", "outcome", "arch", "heads_q", "heads_kv", "case")}
+    lines = [{**call, "backend": b, "set": "check"} for b in ("x", "y")]
+    lines += [{**call, "backend": b, "set": "scan", "batch": sb, "length": 1024, "ms": ms}
+              for sb in (4, 5) for b, ms in at(sb).items()]
+    scan.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    cells = T.PR.timed_grid(rows)[2]
+    skip = frozenset([4])
+    whole = T.design(rows, cells, grid, [scan], skip)
+    # the committed batch's points and its scanned point are left out; 5 sequences, read between 2 and 8, picks x
+    assert whole["grid_points"]["points"] == 0
+    assert whole["scans"] == {"points": 1, "geomean": 3.0, "max": 3.0, "over_1.10": 1}
+    added = T.design(rows, cells, plus, [scan], skip)
+    assert added["scans"]["points"] == 1 and added["scans"]["over_1.10"] == 0  # read between 4 and 8: y
+    assert added["sweep_s"] > whole["sweep_s"]
+    # without `skip`, the grid would also be scored at batch 4's scanned point, which the grid with 4 no longer is
+    assert T.design(rows, cells, grid, [scan])["scans"]["points"] == 2
+    assert T.addable(whole, {4: added}) == [4] and T.addable(whole, {4: whole}) == []
+
+
+def test_batches_are_added_the_most_ended_first():
+    T = _thinning()
+
+    def scans(over, geomean=1.001):
+        return {"scans": {"over_1.10": over, "geomean": geomean}}
+
+    base = scans(5)
+    scored = {32: scans(3), 48: scans(5), 64: scans(3, 1.0), 80: scans(4), 96: scans(6)}
+    assert T.addable(base, scored) == [64, 32, 80]  # 48 ends none, 96 adds one
+
+
+def test_a_selector_made_from_a_grids_timings_takes_their_interpolation_band_unless_given_one():
+    T = _thinning()
+    times = {(b, n): {"x": 1.0 + b / 10 + n / 4096, "y": 2.0 * (1 + (b % 3)) * n / 1024}
+             for b in (1, 2, 4, 8) for n in (512, 1024, 2048)}
+    rows = sweep_rows(times)
+    derived = W.interpolation_error(W.bucket_orders(rows)[1])["p90"] or 1.0
+    assert derived != 1.25 and T.engine_of(rows).data["workload_interpolation_band"] == derived
+    assert T.engine_of(rows, 1.25).data["workload_interpolation_band"] == 1.25
