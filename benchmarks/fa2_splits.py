@@ -99,7 +99,7 @@ def thread_blocks(batch: int, heads_q: int, heads_kv: int, windowed: bool) -> in
 def split_time(batch: int, heads_q: int, heads_kv: int, head_dim: int, context: int, windowed: bool, alpha: float,
                sms: int = W.SMS) -> float:
     """The split-time model of a decode step, in one KV block's work: the waves its thread blocks run in (over twice
-    the SMs) times the KV blocks each walks, plus `alpha` a thread block."""
+    the SMs) times the sum of the KV blocks each walks and `alpha`, a thread block's fixed cost."""
     s = splits(batch, heads_q, heads_kv, head_dim, context, windowed, sms)
     waves = math.ceil(thread_blocks(batch, heads_q, heads_kv, windowed) * s / (2 * sms))
     return waves * (alpha + math.ceil(math.ceil(context / kv_block(head_dim)) / s))
