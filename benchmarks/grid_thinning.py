@@ -30,14 +30,15 @@ The other way round: the committed decode batches off the grid (`off_grid_batche
 times at a wave's end instead) are each added to the whole grid in turn (`with_batches`) and scored on the scans,
 without the scanned points at any of those batches (`design`'s `skip`: every grid is scored on the same points). A
 batch that alone ends regrets over 1.10 there is one to add (`addable`); the judge scores the grid with the first 1,
-2, ... of them, most ended first, and with all of them, each with its sweep's cost; beside each, the whole grid's own
-points read with that grid's interpolation band (`engine_of`'s `interpolation_band`). The band is derived from how
-well every point of a grid is read from its neighbours, and it also decides which of cuDNN's power-of-two timings are
-read as its fast path, so added points change answers far from them through it: the control says which misses the
-added points end and which the band ends.
+2, ... of them, most ended first, and with all of them, each with its sweep's cost. The interpolation band is
+derived from how well every point of a grid is read from its neighbours, and it also decides which of cuDNN's
+power-of-two timings are read as its fast path, so added points change answers far from them through it (and the noise
+band through their rounds). Two controls (`engine_of`'s `bands`) tell the two apart: each grid's points read with the
+whole grid's bands, and the whole grid's points read with each grid's bands.
 
-Every selector here reads its noise band (within which two timings tie) from the spread of every committed row's
-rounds, held-out rows' too, as the generated selector does: a band, not a ranking.
+Every selector here reads its noise band (within which two timings tie) from the spread of the rounds of the rows it
+is made from (its grid's and the held-out rows), as the generated selector reads every committed row's: a band, not a
+ranking.
 """
 
 from __future__ import annotations
@@ -206,14 +207,14 @@ def _score_added(batch: int) -> dict:
                   _STATE["skip"])
 
 
-def _judge_with(batches: tuple[int, ...], interpolation_band: float | None = None) -> dict:
+def _judge_with(batches: tuple[int, ...], bands: tuple[float, float] | None = None) -> dict:
     grid = with_batches(W.BUCKETS, batches)
-    return {**judge(_STATE["rows"], engine_of(swept(_STATE["rows"], grid), interpolation_band)),
+    return {**judge(_STATE["rows"], engine_of(swept(_STATE["rows"], grid), bands)),
             "sweep_s": round(sweep_seconds(timings(grid)), 1)}
 
 
-def _judge_band(band: float) -> dict:
-    return _judge_with((), band)
+def _judge_controlled(args: tuple[tuple[int, ...], tuple[float, float]]) -> dict:
+    return _judge_with(*args)
 
 
 def droppable(base: dict, scored: dict[Line, dict]) -> list[Line]:
@@ -241,9 +242,10 @@ def off_grid_batches(rows: list[dict], grid: dict[str, tuple]) -> list[int]:
 
 
 def with_batches(grid: dict[str, tuple], batches) -> dict[str, tuple]:
-    """`grid` with decode `batches` added at each of its decode lengths."""
+    """`grid` with decode `batches` added at each of its decode lengths, within the grid's cache cap
+    (`workloads.decode_grid`)."""
     lengths = sorted({n for _, n in grid["decode"]})
-    return {**grid, "decode": tuple(sorted(set(grid["decode"]) | {(b, n) for b in batches for n in lengths}))}
+    return {**grid, "decode": tuple(sorted(set(grid["decode"]) | set(W.decode_grid(list(batches), lengths))))}
 
 
 def addable(base: dict, scored: dict[int, dict]) -> list[int]:
@@ -253,11 +255,12 @@ def addable(base: dict, scored: dict[int, dict]) -> list[int]:
     return sorted(ok, key=lambda b: (scored[b]["scans"]["over_1.10"], scored[b]["scans"]["geomean"] or 0, b))
 
 
-def engine_of(rows: list[dict], interpolation_band: float | None = None):
+def engine_of(rows: list[dict], bands: tuple[float, float] | None = None):
     """A selector engine like the generated one (attnmatrix/selector.py), its workload timings read from `rows` alone
-    (as generator/capabilities.py `workloads` reads the committed files). `interpolation_band`: the band within which
-    two backends placed between timed points cannot be told apart (default: the one `rows` give, as the generator
-    derives it); it also decides which of cuDNN's power-of-two timings are read as its fast path."""
+    (as generator/capabilities.py `workloads` reads the committed files). `bands`: (the noise band within which two
+    timings tie, the interpolation band within which two backends placed between timed points cannot be told apart;
+    default: those `rows` give, as the generator derives them). The interpolation band also decides which of cuDNN's
+    power-of-two timings are read as its fast path."""
     from attnmatrix import selector
     from attnmatrix.selector_vllm import VllmEngine
 
@@ -265,8 +268,8 @@ def engine_of(rows: list[dict], interpolation_band: float | None = None):
     timed: dict = {}
     for (arch, *cell), cell_rows in W.selector_rows(orders).items():
         timed.setdefault(arch, {})[tuple(cell)] = tuple(cell_rows)
-    spread = interpolation_band or W.interpolation_error(orders)["p90"] or 1.0
-    return VllmEngine({**selector.DATA, "workloads": timed, "workload_band": noise["p90"] or 1.0,
+    band, spread = bands or (noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0)
+    return VllmEngine({**selector.DATA, "workloads": timed, "workload_band": band,
                        "workload_interpolation_band": spread})
 
 
@@ -279,9 +282,9 @@ def judge(rows: list[dict], engine=None) -> dict:
     g = result["regret"]
     over = [{k: q[k] for k in ("layer", "op", "shape", "pick", "fastest", "regret")} for q in result["queries"]
             if (q.get("regret") or 0) > 1.10]
-    band = (engine or selector_engine()).data.get("workload_interpolation_band")
+    data = (engine or selector_engine()).data
     return {**{k: g[k] for k in ("queries", "geomean", "max", "over_1.10", "fresh_draws")}, "over": over,
-            "interpolation_band": band}
+            "bands": [data.get("workload_band"), data.get("workload_interpolation_band")]}
 
 
 def selector_engine():
@@ -322,9 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         sets = [tuple(gain[:i]) for i in range(1, len(gain) + 1)]
         sets += [tuple(extra)] if tuple(extra) not in sets else []
         with_curve = pool.map(_judge_with, sets)
-        # the whole grid's points read with each of those grids' interpolation bands: what the added points end
-        # and what the band their rows narrow ends
-        controls = pool.map(_judge_band, [h["interpolation_band"] for h in with_curve])
+        # each grid's points read with the whole grid's bands, and the whole grid's with each grid's bands: what the
+        # added points end and what the bands their rows narrow end
+        whole_bands = tuple(curve[0]["bands"])
+        points_alone = pool.map(_judge_controlled, [(bs, whole_bands) for bs in sets])
+        bands_alone = pool.map(_judge_controlled, [((), tuple(h["bands"])) for h in with_curve])
     held = {"generated": judge(rows),
             "grid_less": [{"lines": [str(x) for x in p], **h} for p, h in zip(prefixes, curve, strict=True)]}
     g = held["generated"]
@@ -337,20 +342,23 @@ def main(argv: list[str] | None = None) -> int:
     c = base_add["scans"]
     print(f"decode batches the committed timings hold off the grid: {', '.join(map(str, extra))}; on the scans "
           f"without their points ({c['points']}) the whole grid has geomean {c['geomean']}, max {c['max']}, "
-          f"{c['over_1.10']} over 1.10")
+          f"{c['over_1.10']} over 1.10 (a sweep's minutes without FA4's warm-up, as above)")
     for b, a in added.items():
         c = a["scans"]
         print(f"  with decode batch {b:<4} {a['timings']['decode']} decode timings, ~{a['sweep_s'] / 60:.1f} min; "
               f"scans: {c['geomean']}, {c['max']}, {c['over_1.10']} over")
     print(f"batches that end regrets over 1.10 on the scans, the most first: {', '.join(map(str, gain)) or 'none'}")
-    print("the judge, as above:")
-    for bs, h, c in zip(sets, with_curve, controls, strict=True):
+    print(f"the judge, as above (minutes with the warm-up), each grid beside its points read with the whole grid's "
+          f"noise and interpolation bands ({whole_bands[0]}, {whole_bands[1]}) and the whole grid's read with its "
+          f"bands:")
+    for bs, h, pa, ba in zip(sets, with_curve, points_alone, bands_alone, strict=True):
         print(f"  ~{(h['sweep_s'] + FA4_WARM_UP_S) / 60:4.1f} min  geomean {h['geomean']}, max {h['max']}, "
-              f"{h['over_1.10']:2} over 1.10: the grid with decode batches {', '.join(map(str, bs))} (interpolation "
-              f"band {h['interpolation_band']}; the whole grid read with that band: {c['geomean']}, {c['max']}, "
-              f"{c['over_1.10']} over)")
-    held["grid_with"] = [{"batches": list(bs), **h, "whole_grid_at_its_band": c}
-                         for bs, h, c in zip(sets, with_curve, controls, strict=True)]
+              f"{h['over_1.10']:2} over 1.10: the grid with decode batches {', '.join(map(str, bs))} (bands "
+              f"{h['bands'][0]}, {h['bands'][1]}); its points at the whole grid's bands: {pa['over_1.10']} over; the "
+              f"whole grid at its bands: {ba['over_1.10']} over")
+    held["grid_with"] = [{"batches": list(bs), **h, "its_points_at_the_whole_grids_bands": pa,
+                          "the_whole_grid_at_its_bands": ba}
+                         for bs, h, pa, ba in zip(sets, with_curve, points_alone, bands_alone, strict=True)]
     result = {"sample_cost": {k: {"seconds": s, "timings": n} for k, (s, n) in SAMPLE.items()},
               "fa4_warm_up_s": FA4_WARM_UP_S, "whole_grid": base, "lines": {str(ln): s for ln, s in scored.items()},
               "can_go": [asdict(ln) for ln in taken], "grid_less_them": union, "held_out": held,

@@ -84,10 +84,10 @@ from .models import call_params, layer_ops
 # about 30.9 minutes with FA4's warm-up, and by the time it fits (the sixth, 29.4) 9 are over. The cost is in
 # building and warming each backend's calls at a point (benchmarks/sweep_phases.py), not in the number of points alone.
 # Nor does it time the factor-1.2 batches it times at a wave's end instead (DECODE_BATCHES_BY_1_2's 32, 48, ... 192),
-# though the committed timings hold them: each costs about 0.8 minutes of a sweep. Of the four held-out misses over
-# 1.10 a selector made from the grid alone has beyond the generated one's two, two end with the narrower
-# interpolation band the added rows give (the whole grid read with that band ends them too) and two only with all
-# eight batches timed, about 42.4 minutes with FA4's warm-up (benchmarks/grid_thinning.py, the added batches).
+# though the committed timings hold them: each adds 189 to 345 decode timings to a sweep. Of the four held-out misses
+# over 1.10 a selector made from the grid alone has beyond the generated one's two, two end with the narrower
+# interpolation band batch 32's rows give, not with its points, and two, of the sets judged, only with all eight
+# batches timed and their band, about 41.0 minutes with FA4's warm-up (benchmarks/grid_thinning.py, the added batches).
 PREFILL_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
 PREFILL_LENGTHS = [256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384]
 PREFILL_UNALIGNED = [n + 40 for n in PREFILL_LENGTHS if n <= 1024]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from conftest import load_script
 
 
@@ -50,3 +52,23 @@ def test_the_model_reading_scales_interpolation_by_the_models_own_misreading():
     assert abs(s.model_reading(2.0, lambda b, n: b * n, 20, 700, corners) - 2.0) < 1e-9
     # a step at the query the corners do not show scales the reading by that step
     assert abs(s.model_reading(2.0, lambda b, n: 3.0 if (b, n) == (20, 700) else 1.0, 20, 700, corners) - 6.0) < 1e-9
+
+
+def test_the_split_time_model_is_scored_beside_interpolation_on_each_subset():
+    s = _splits()
+    corners = ((16, 512), (16, 1024), (32, 512), (32, 1024))
+    g = (16, 8, 256, False)
+    # (source, split kind, measured, reading, geometry, batch, length, points): on the scans, one point read 1.2x
+    # too fast that runs more splits, one read right; on the held-out queries one read right
+    reads = [("scans", "more", 1.2, 1.0, g, 20, 700, corners), ("scans", "same", 1.0, 1.0, g, 20, 700, corners),
+             ("held_out", "same", 2.0, 2.0, g, 20, 700, corners)]
+    out = s.split_time_model(reads)
+    assert set(out) == {"scans_all", "scans_more", "held_out_all"}  # no held-out point runs more splits
+    assert out["scans_more"]["interpolate"]["points"] == 1 and out["scans_all"]["interpolate"]["points"] == 2
+    assert out["scans_more"]["interpolate"]["over_1.10"] == 1 and out["held_out_all"]["interpolate"]["over_1.10"] == 0
+    assert round(out["scans_more"]["interpolate"]["mean_abs_log"], 4) == round(math.log(1.2), 4)
+    # each alpha reads through the model: at 20 x 700 FA2 runs other splits than at the corners, so the model's
+    # reading differs from interpolation's and from one alpha to the next
+    assert set(out["scans_all"]) == {"interpolate", *(f"alpha_{a}" for a in s.ALPHAS)}
+    logs = {k: v["mean_abs_log"] for k, v in out["held_out_all"].items()}
+    assert logs["interpolate"] == 0 and len({logs[f"alpha_{a}"] for a in s.ALPHAS}) > 1

@@ -168,6 +168,18 @@ def test_a_selector_made_from_a_grids_timings_takes_their_interpolation_band_unl
     times = {(b, n): {"x": 1.0 + b / 10 + n / 4096, "y": 2.0 * (1 + (b % 3)) * n / 1024}
              for b in (1, 2, 4, 8) for n in (512, 1024, 2048)}
     rows = sweep_rows(times)
-    derived = W.interpolation_error(W.bucket_orders(rows)[1])["p90"] or 1.0
-    assert derived != 1.25 and T.engine_of(rows).data["workload_interpolation_band"] == derived
-    assert T.engine_of(rows, 1.25).data["workload_interpolation_band"] == 1.25
+    noise, orders = W.bucket_orders(rows)
+    derived = (noise["p90"] or 1.0, W.interpolation_error(orders)["p90"] or 1.0)
+    data = T.engine_of(rows).data
+    assert (data["workload_band"], data["workload_interpolation_band"]) == derived and 1.25 not in derived
+    data = T.engine_of(rows, (1.02, 1.25)).data
+    assert (data["workload_band"], data["workload_interpolation_band"]) == (1.02, 1.25)
+
+
+def test_batches_are_added_within_the_grids_cache_cap():
+    T = _thinning()
+    plus = T.with_batches(W.BUCKETS, [192])
+    added = set(plus["decode"]) - set(W.BUCKETS["decode"])
+    assert added and {b for b, _ in added} == {192}
+    assert all(b * n <= W.DECODE_CACHE_CAP for b, n in plus["decode"])
+    assert max(n for _, n in added) == 4096  # 192 x 6144 is past the cap of 1M cached tokens
