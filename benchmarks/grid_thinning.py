@@ -213,10 +213,6 @@ def _judge_with(batches: tuple[int, ...], bands: tuple[float, float] | None = No
             "sweep_s": round(sweep_seconds(timings(grid)), 1)}
 
 
-def _judge_controlled(args: tuple[tuple[int, ...], tuple[float, float]]) -> dict:
-    return _judge_with(*args)
-
-
 def droppable(base: dict, scored: dict[Line, dict]) -> list[Line]:
     """The lines whose leaving out alone makes no more regrets over 1.10 on either design set than the whole grid
     does, most saving first (ties: the lower geomean on the grid's points, then the line)."""
@@ -276,22 +272,17 @@ def engine_of(rows: list[dict], bands: tuple[float, float] | None = None):
 def judge(rows: list[dict], engine=None) -> dict:
     """The held-out queries' regret (benchmarks/regret.py `analyse`) under `engine` (default: the generated
     selector)."""
+    from attnmatrix import selector
+
+    engine = engine or selector._ENGINE
     queries = regret.expand(W.latest_calls(rows))
     result = regret.analyse(queries, regret.selector_orders(queries, engine),
                             regret.selector_placements(queries, engine))
     g = result["regret"]
     over = [{k: q[k] for k in ("layer", "op", "shape", "pick", "fastest", "regret")} for q in result["queries"]
             if (q.get("regret") or 0) > 1.10]
-    data = (engine or selector_engine()).data
     return {**{k: g[k] for k in ("queries", "geomean", "max", "over_1.10", "fresh_draws")}, "over": over,
-            "bands": [data.get("workload_band"), data.get("workload_interpolation_band")]}
-
-
-def selector_engine():
-    """The generated selector's engine."""
-    from attnmatrix import selector
-
-    return selector._ENGINE
+            "bands": [engine.data.get("workload_band"), engine.data.get("workload_interpolation_band")]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         # each grid's points read with the whole grid's bands, and the whole grid's with each grid's bands: what the
         # added points end and what the bands their rows narrow end
         whole_bands = tuple(curve[0]["bands"])
-        points_alone = pool.map(_judge_controlled, [(bs, whole_bands) for bs in sets])
-        bands_alone = pool.map(_judge_controlled, [((), tuple(h["bands"])) for h in with_curve])
+        points_alone = pool.starmap(_judge_with, [(bs, whole_bands) for bs in sets])
+        bands_alone = pool.starmap(_judge_with, [((), tuple(h["bands"])) for h in with_curve])
     held = {"generated": judge(rows),
             "grid_less": [{"lines": [str(x) for x in p], **h} for p, h in zip(prefixes, curve, strict=True)]}
     g = held["generated"]
